@@ -1,0 +1,1576 @@
+#include "apply.h"
+
+#include <errno.h>
+#include <libpq-fe.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "log.h"
+#include "map.h"
+#include "types.h"
+
+/* Statements sent between two pipeline syncs. Their results (a few dozen bytes each) must fit in
+ * the socket buffers, because nothing reads them until the sync: 256 keeps that far below 64 KB. */
+#define PIPELINE_CHUNK 256
+#define PG_NAME_MAX 63 /* NAMEDATALEN - 1: PostgreSQL truncates longer identifiers */
+
+typedef struct {
+    char *name;
+    bool prepared; /* sent to the current connection (reset when its Parse fails) */
+} stmt_t;
+
+typedef struct {
+    unsigned id;
+    char *qualified; /* quoted "schema"."table" */
+    char *pg_schema;
+    char *pg_table;
+    size_t ncols;
+    size_t capacity;
+    char **col_names; /* PostgreSQL names, in attnum order */
+    char **col_types; /* format_type() */
+    ces_conv_t *conv;
+    char **col_quoted;
+    ces_map_t *by_source; /* source column name -> index + 1 */
+    size_t npk;
+    size_t *pk; /* column indices of the primary key, in key order */
+    bool loaded; /* columns read from the catalog */
+    bool warned_no_pk;
+} table_t;
+
+struct ces_apply_s {
+    char *conninfo;
+    char *metadata_schema;
+    char *group_id;
+    bool auto_create;
+    bool auto_evolve;
+    int64_t retry_max_ms;
+    volatile sig_atomic_t *stop_now;
+
+    PGconn *conn;
+    ces_map_t *tables; /* "db\x1fschema\x1ftable" -> table_t */
+    ces_map_t *stmts;  /* signature -> stmt_t */
+    unsigned next_table_id;
+    unsigned next_stmt_id;
+    char *sql_offsets;
+    char *sql_dead_letter;
+    int64_t backoff_ms;
+};
+
+/* What went wrong in one attempt, and what to do about it. */
+typedef enum {
+    ERR_NONE = 0,
+    ERR_RETRY, /* transient: roll back, back off, try again */
+    ERR_DATA,  /* bad data in one change: dead-letter it (failed_item) */
+    ERR_STALE, /* the table changed underneath: forget cached tables, try again */
+    ERR_FENCED,
+    ERR_FATAL,
+} err_class_t;
+
+typedef struct {
+    err_class_t cls;
+    long failed_item; /* index into the batch, or -1 */
+    bool in_commit;   /* the failure hit COMMIT: the outcome is unknown */
+    char sqlstate[6];
+    char message[512];
+} attempt_error_t;
+
+/* ---------------------------------------------------------------------------------------------- */
+
+static void set_error(attempt_error_t *e, err_class_t cls, long item, const char *sqlstate,
+                      const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+
+static void set_error(attempt_error_t *e, err_class_t cls, long item, const char *sqlstate,
+                      const char *fmt, ...) {
+    if (e->cls != ERR_NONE)
+        return; /* keep the first error: later ones are its consequences */
+    e->cls = cls;
+    e->failed_item = item;
+    snprintf(e->sqlstate, sizeof(e->sqlstate), "%s", sqlstate ? sqlstate : "");
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(e->message, sizeof(e->message), fmt, ap);
+    va_end(ap);
+    size_t n = strlen(e->message);
+    while (n > 0 && (e->message[n - 1] == '\n' || e->message[n - 1] == ' '))
+        e->message[--n] = '\0';
+}
+
+static err_class_t classify(PGconn *conn, const char *sqlstate) {
+    if (PQstatus(conn) != CONNECTION_OK || sqlstate == NULL || sqlstate[0] == '\0')
+        return ERR_RETRY;
+    if (strncmp(sqlstate, "08", 2) == 0 || strncmp(sqlstate, "53", 2) == 0 ||
+        strcmp(sqlstate, "57P01") == 0 || strcmp(sqlstate, "57P02") == 0 ||
+        strcmp(sqlstate, "57P03") == 0 || strcmp(sqlstate, "57014") == 0 ||
+        strcmp(sqlstate, "40001") == 0 || strcmp(sqlstate, "40P01") == 0 ||
+        strcmp(sqlstate, "55P03") == 0)
+        return ERR_RETRY;
+    if (strncmp(sqlstate, "22", 2) == 0 || strncmp(sqlstate, "23", 2) == 0 ||
+        strncmp(sqlstate, "54", 2) == 0)
+        return ERR_DATA;
+    if (strcmp(sqlstate, "42P01") == 0 || strcmp(sqlstate, "42703") == 0)
+        return ERR_STALE;
+    return ERR_FATAL;
+}
+
+static void error_from_result(attempt_error_t *e, PGconn *conn, const PGresult *res, long item) {
+    const char *sqlstate = res ? PQresultErrorField(res, PG_DIAG_SQLSTATE) : NULL;
+    const char *msg = res ? PQresultErrorMessage(res) : PQerrorMessage(conn);
+    if (msg == NULL || msg[0] == '\0')
+        msg = PQerrorMessage(conn);
+    set_error(e, classify(conn, sqlstate), item, sqlstate, "%s", msg);
+}
+
+/* Lower-cases ASCII letters (as PostgreSQL does for unquoted names) and clips to 63 bytes without
+ * splitting a UTF-8 character. Returns a malloc'd string. */
+static char *fold_name(const char *name) {
+    size_t len = strlen(name);
+    if (len > PG_NAME_MAX) {
+        len = PG_NAME_MAX;
+        while (len > 0 && ((unsigned char)name[len] & 0xC0) == 0x80)
+            len--;
+    }
+    char *out = malloc(len + 1);
+    if (out == NULL)
+        return NULL;
+    for (size_t i = 0; i < len; i++)
+        out[i] = (name[i] >= 'A' && name[i] <= 'Z') ? (char)(name[i] + 32) : name[i];
+    out[len] = '\0';
+    return out;
+}
+
+/* Returns a malloc'd copy of s where every byte that is not part of valid UTF-8 is '?', so that
+ * messages built from untrusted names can be stored as text. */
+static char *utf8_sanitize(const char *s) {
+    size_t len = strlen(s);
+    char *out = malloc(len + 1);
+    if (out == NULL)
+        return NULL;
+    size_t i = 0;
+    while (i < len) {
+        unsigned char c = (unsigned char)s[i];
+        size_t n = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
+        bool ok = n > 0 && i + n <= len;
+        for (size_t k = 1; ok && k < n; k++)
+            ok = ((unsigned char)s[i + k] & 0xC0) == 0x80;
+        if (ok) {
+            memcpy(out + i, s + i, n);
+            i += n;
+        } else {
+            out[i++] = '?';
+        }
+    }
+    out[len] = '\0';
+    return out;
+}
+
+static char *quote_ident(PGconn *conn, const char *name) {
+    char *q = PQescapeIdentifier(conn, name, strlen(name));
+    if (q == NULL)
+        return NULL;
+    char *copy = strdup(q);
+    PQfreemem(q);
+    return copy;
+}
+
+/* A growable string for building SQL. */
+typedef struct {
+    char *buf;
+    size_t len;
+    size_t cap;
+    bool failed;
+} sb_t;
+
+static void sb_add(sb_t *sb, const char *s) {
+    size_t n = strlen(s);
+    if (sb->failed)
+        return;
+    if (sb->len + n + 1 > sb->cap) {
+        size_t cap = sb->cap ? sb->cap : 256;
+        while (cap < sb->len + n + 1)
+            cap *= 2;
+        char *b = realloc(sb->buf, cap);
+        if (b == NULL) {
+            sb->failed = true;
+            return;
+        }
+        sb->buf = b;
+        sb->cap = cap;
+    }
+    memcpy(sb->buf + sb->len, s, n + 1);
+    sb->len += n;
+}
+
+static void sb_addf(sb_t *sb, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void sb_addf(sb_t *sb, const char *fmt, ...) {
+    char tmp[64];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(tmp, sizeof(tmp), fmt, ap);
+    va_end(ap);
+    sb_add(sb, tmp);
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+
+static void table_free(void *value, void *arg) {
+    (void)arg;
+    table_t *t = value;
+    if (t == NULL)
+        return;
+    for (size_t i = 0; i < t->ncols; i++) {
+        free(t->col_names[i]);
+        free(t->col_types[i]);
+        free(t->col_quoted[i]);
+    }
+    free(t->col_names);
+    free(t->col_types);
+    free(t->col_quoted);
+    free(t->conv);
+    free(t->pk);
+    ces_map_destroy(t->by_source);
+    free(t->qualified);
+    free(t->pg_schema);
+    free(t->pg_table);
+    free(t);
+}
+
+static void stmt_free(void *value, void *arg) {
+    (void)arg;
+    stmt_t *s = value;
+    free(s->name);
+    free(s);
+}
+
+static void stmt_forget(void *value, void *arg) {
+    (void)arg;
+    ((stmt_t *)value)->prepared = false;
+}
+
+ces_apply_t *ces_apply_new(const ces_apply_options_t *o) {
+    ces_apply_t *a = calloc(1, sizeof(*a));
+    if (a == NULL)
+        return NULL;
+    a->conninfo = strdup(o->conninfo);
+    a->metadata_schema = strdup(o->metadata_schema);
+    a->group_id = strdup(o->group_id ? o->group_id : "");
+    a->auto_create = o->auto_create;
+    a->auto_evolve = o->auto_evolve;
+    a->retry_max_ms = o->retry_max_ms;
+    a->stop_now = o->stop_now;
+    a->tables = ces_map_new();
+    a->stmts = ces_map_new();
+    if (!a->conninfo || !a->metadata_schema || !a->group_id || !a->tables || !a->stmts) {
+        ces_apply_destroy(a);
+        return NULL;
+    }
+    return a;
+}
+
+void ces_apply_destroy(ces_apply_t *a) {
+    if (a == NULL)
+        return;
+    if (a->conn != NULL)
+        PQfinish(a->conn);
+    if (a->tables != NULL)
+        ces_map_clear(a->tables, table_free, NULL);
+    if (a->stmts != NULL)
+        ces_map_clear(a->stmts, stmt_free, NULL);
+    ces_map_destroy(a->tables);
+    ces_map_destroy(a->stmts);
+    free(a->conninfo);
+    free(a->metadata_schema);
+    free(a->group_id);
+    free(a->sql_offsets);
+    free(a->sql_dead_letter);
+    free(a);
+}
+
+bool ces_apply_connected(const ces_apply_t *a) {
+    return a->conn != NULL && PQstatus(a->conn) == CONNECTION_OK;
+}
+
+static void disconnect(ces_apply_t *a) {
+    if (a->conn != NULL)
+        PQfinish(a->conn);
+    a->conn = NULL;
+    ces_map_each(a->stmts, stmt_forget, NULL);
+}
+
+/* libpq's notices (e.g. "identifier will be truncated") go through our logger. */
+static void notice_processor(void *arg, const char *message) {
+    (void)arg;
+    ces_log_debug("postgres: %s", message);
+}
+
+/* Classifies a failed connection attempt: a refused or unreachable server is worth retrying, a
+ * rejected login or a missing database is not. */
+static err_class_t classify_connect_failure(const char *message) {
+    static const char *const fatal[] = {"password authentication failed", "does not exist",
+                                        "no pg_hba.conf entry", "authentication failed",
+                                        "permission denied", "invalid connection option",
+                                        "missing \"=\"", "invalid sslmode", "certificate"};
+    for (size_t i = 0; i < sizeof(fatal) / sizeof(fatal[0]); i++) {
+        if (strstr(message, fatal[i]) != NULL)
+            return ERR_FATAL;
+    }
+    return ERR_RETRY;
+}
+
+static int exec_simple(ces_apply_t *a, const char *sql, attempt_error_t *e) {
+    PGresult *r = PQexec(a->conn, sql);
+    int rc = 0;
+    ExecStatusType st = PQresultStatus(r);
+    if (st != PGRES_COMMAND_OK && st != PGRES_TUPLES_OK) {
+        error_from_result(e, a->conn, r, -1);
+        rc = -1;
+    }
+    PQclear(r);
+    return rc;
+}
+
+/* Creates the metadata schema and tables (idempotent) and prepares their SQL. */
+static int setup_metadata(ces_apply_t *a, attempt_error_t *e) {
+    char *schema = quote_ident(a->conn, a->metadata_schema);
+    if (schema == NULL) {
+        set_error(e, ERR_FATAL, -1, NULL, "out of memory");
+        return -1;
+    }
+    sb_t sql = {0};
+    sb_add(&sql, "CREATE SCHEMA IF NOT EXISTS ");
+    sb_add(&sql, schema);
+    sb_add(&sql, ";\nCREATE TABLE IF NOT EXISTS ");
+    sb_add(&sql, schema);
+    sb_add(&sql, ".offsets (\n"
+                 "  group_id text NOT NULL,\n"
+                 "  topic text NOT NULL,\n"
+                 "  partition integer NOT NULL,\n"
+                 "  next_offset bigint NOT NULL,\n"
+                 "  updated_at timestamptz NOT NULL DEFAULT now(),\n"
+                 "  PRIMARY KEY (group_id, topic, partition));\n"
+                 "CREATE TABLE IF NOT EXISTS ");
+    sb_add(&sql, schema);
+    sb_add(&sql, ".dead_letters (\n"
+                 "  id bigserial PRIMARY KEY,\n"
+                 "  created_at timestamptz NOT NULL DEFAULT now(),\n"
+                 "  topic text,\n"
+                 "  partition integer,\n"
+                 "  \"offset\" bigint,\n"
+                 "  reason text NOT NULL,\n"
+                 "  logicalid text,\n"
+                 "  payload bytea);\n");
+    free(a->sql_offsets);
+    free(a->sql_dead_letter);
+    sb_t off = {0}, dl = {0};
+    sb_add(&off, "INSERT INTO ");
+    sb_add(&off, schema);
+    sb_add(&off, ".offsets AS o (group_id, topic, partition, next_offset) VALUES ($1, $2, $3, $4)"
+                 " ON CONFLICT (group_id, topic, partition) DO UPDATE"
+                 " SET next_offset = EXCLUDED.next_offset, updated_at = now()"
+                 " WHERE o.next_offset = $5");
+    sb_add(&dl, "INSERT INTO ");
+    sb_add(&dl, schema);
+    sb_add(&dl, ".dead_letters (topic, partition, \"offset\", reason, logicalid, payload)"
+                " VALUES ($1, $2, $3, $4, $5, $6)");
+    a->sql_offsets = off.buf;
+    a->sql_dead_letter = dl.buf;
+    free(schema);
+    int rc = -1;
+    if (sql.failed || off.failed || dl.failed) {
+        set_error(e, ERR_FATAL, -1, NULL, "out of memory");
+        goto done;
+    }
+    /* Two instances may race to create the schema: a unique violation means the other one won. */
+    if (exec_simple(a, sql.buf, e) != 0) {
+        if (strncmp(e->sqlstate, "23", 2) != 0)
+            goto done;
+        memset(e, 0, sizeof(*e));
+        if (exec_simple(a, sql.buf, e) != 0)
+            goto done;
+    }
+    rc = 0;
+done:
+    free(sql.buf);
+    return rc;
+}
+
+static int connect_once(ces_apply_t *a, attempt_error_t *e) {
+    disconnect(a);
+    a->conn = PQconnectdb(a->conninfo);
+    if (a->conn == NULL) {
+        set_error(e, ERR_FATAL, -1, NULL, "out of memory");
+        return -1;
+    }
+    if (PQstatus(a->conn) != CONNECTION_OK) {
+        const char *msg = PQerrorMessage(a->conn);
+        set_error(e, classify_connect_failure(msg), -1, NULL, "cannot connect to PostgreSQL: %s",
+                  msg);
+        disconnect(a);
+        return -1;
+    }
+    PQsetNoticeProcessor(a->conn, notice_processor, NULL);
+    /* Values arrive as SQL Server text; make their reading independent of the server's defaults. */
+    if (exec_simple(a, "SET DateStyle = 'ISO, YMD'; SET IntervalStyle = 'postgres';"
+                       " SET extra_float_digits = 3; SET client_encoding = 'UTF8'",
+                    e) != 0 ||
+        setup_metadata(a, e) != 0) {
+        disconnect(a);
+        return -1;
+    }
+    ces_log_info("connected to PostgreSQL (server %d, database %s)", PQserverVersion(a->conn),
+                 PQdb(a->conn));
+    return 0;
+}
+
+/* Sleeps ms milliseconds in short steps so that a stop request ends the wait. Returns -1 when a
+ * stop was requested. */
+static int backoff_sleep(ces_apply_t *a, int64_t ms) {
+    while (ms > 0) {
+        if (a->stop_now != NULL && *a->stop_now)
+            return -1;
+        int64_t step = ms < 50 ? ms : 50;
+        struct timespec ts = {.tv_sec = 0, .tv_nsec = (long)step * 1000000L};
+        nanosleep(&ts, NULL);
+        ms -= step;
+    }
+    return (a->stop_now != NULL && *a->stop_now) ? -1 : 0;
+}
+
+static int64_t next_backoff(ces_apply_t *a) {
+    int64_t ms = a->backoff_ms ? a->backoff_ms * 2 : 100;
+    if (ms > a->retry_max_ms)
+        ms = a->retry_max_ms;
+    a->backoff_ms = ms;
+    return ms;
+}
+
+/* Connects, retrying transient failures until connected, a fatal error, or a stop. */
+static ces_apply_status_t ensure_connected(ces_apply_t *a, char *errstr, size_t errstr_size) {
+    while (!ces_apply_connected(a)) {
+        attempt_error_t e = {.failed_item = -1};
+        if (connect_once(a, &e) == 0)
+            break;
+        if (e.cls != ERR_RETRY) {
+            snprintf(errstr, errstr_size, "%s", e.message);
+            return CES_APPLY_FATAL;
+        }
+        int64_t ms = next_backoff(a);
+        ces_log_warning("%s (retrying in %lld ms)", e.message, (long long)ms);
+        if (backoff_sleep(a, ms) != 0) {
+            snprintf(errstr, errstr_size, "stopped while waiting for PostgreSQL");
+            return CES_APPLY_INTERRUPTED;
+        }
+    }
+    return CES_APPLY_OK;
+}
+
+ces_apply_status_t ces_apply_start(ces_apply_t *a, char *errstr, size_t errstr_size) {
+    return ensure_connected(a, errstr, errstr_size);
+}
+
+ces_apply_status_t ces_apply_read_offsets(ces_apply_t *a, const char *topic,
+                                          const int32_t *partitions, size_t n, int64_t *offsets,
+                                          char *errstr, size_t errstr_size) {
+    for (size_t i = 0; i < n; i++)
+        offsets[i] = -1;
+    for (;;) {
+        ces_apply_status_t st = ensure_connected(a, errstr, errstr_size);
+        if (st != CES_APPLY_OK)
+            return st;
+        char *schema = quote_ident(a->conn, a->metadata_schema);
+        if (schema == NULL) {
+            snprintf(errstr, errstr_size, "out of memory");
+            return CES_APPLY_FATAL;
+        }
+        sb_t sql = {0};
+        sb_add(&sql, "SELECT partition, next_offset FROM ");
+        sb_add(&sql, schema);
+        sb_add(&sql, ".offsets WHERE group_id = $1 AND topic = $2");
+        free(schema);
+        if (sql.failed) {
+            snprintf(errstr, errstr_size, "out of memory");
+            return CES_APPLY_FATAL;
+        }
+        const char *params[2] = {a->group_id, topic};
+        PGresult *r = PQexecParams(a->conn, sql.buf, 2, NULL, params, NULL, NULL, 0);
+        free(sql.buf);
+        if (PQresultStatus(r) == PGRES_TUPLES_OK) {
+            for (int row = 0; row < PQntuples(r); row++) {
+                int32_t p = (int32_t)strtol(PQgetvalue(r, row, 0), NULL, 10);
+                int64_t off = strtoll(PQgetvalue(r, row, 1), NULL, 10);
+                for (size_t i = 0; i < n; i++) {
+                    if (partitions[i] == p)
+                        offsets[i] = off;
+                }
+            }
+            PQclear(r);
+            return CES_APPLY_OK;
+        }
+        attempt_error_t e = {.failed_item = -1};
+        error_from_result(&e, a->conn, r, -1);
+        PQclear(r);
+        if (e.cls != ERR_RETRY) {
+            snprintf(errstr, errstr_size, "reading stored offsets: %s", e.message);
+            return CES_APPLY_FATAL;
+        }
+        ces_log_warning("reading stored offsets: %s (retrying)", e.message);
+        disconnect(a);
+        if (backoff_sleep(a, next_backoff(a)) != 0) {
+            snprintf(errstr, errstr_size, "stopped while waiting for PostgreSQL");
+            return CES_APPLY_INTERRUPTED;
+        }
+    }
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* Target tables                                                                                  */
+
+static int table_add_column(table_t *t, const char *name, const char *type, PGconn *conn) {
+    if (t->ncols == t->capacity) {
+        size_t cap = t->capacity ? t->capacity * 2 : 16;
+        char **names = realloc(t->col_names, cap * sizeof(char *));
+        if (names == NULL)
+            return -1;
+        t->col_names = names;
+        char **types = realloc(t->col_types, cap * sizeof(char *));
+        if (types == NULL)
+            return -1;
+        t->col_types = types;
+        char **quoted = realloc(t->col_quoted, cap * sizeof(char *));
+        if (quoted == NULL)
+            return -1;
+        t->col_quoted = quoted;
+        ces_conv_t *conv = realloc(t->conv, cap * sizeof(ces_conv_t));
+        if (conv == NULL)
+            return -1;
+        t->conv = conv;
+        t->capacity = cap;
+    }
+    size_t i = t->ncols;
+    t->col_names[i] = strdup(name);
+    t->col_types[i] = strdup(type);
+    t->col_quoted[i] = quote_ident(conn, name);
+    t->conv[i] = ces_types_conversion(type);
+    t->ncols++;
+    if (!t->col_names[i] || !t->col_types[i] || !t->col_quoted[i])
+        return -1;
+    return 0;
+}
+
+static long table_column_index(const table_t *t, const char *pg_name) {
+    for (size_t i = 0; i < t->ncols; i++) {
+        if (strcmp(t->col_names[i], pg_name) == 0)
+            return (long)i;
+    }
+    return -1;
+}
+
+/* Reads the table's columns and primary key from the catalog. Returns 1 when the table exists, 0
+ * when it does not, -1 on error (in e). */
+static int table_load(ces_apply_t *a, table_t *t, attempt_error_t *e) {
+    static const char *sql =
+        "SELECT a.attname, format_type(a.atttypid, a.atttypmod),"
+        "       array_position(i.indkey::int2[], a.attnum) - array_lower(i.indkey::int2[], 1) + 1"
+        "  FROM pg_catalog.pg_attribute a"
+        "  JOIN pg_catalog.pg_class c ON c.oid = a.attrelid"
+        "  JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace"
+        "  LEFT JOIN pg_catalog.pg_index i ON i.indrelid = c.oid AND i.indisprimary"
+        " WHERE n.nspname = $1 AND c.relname = $2 AND c.relkind IN ('r', 'p')"
+        "   AND a.attnum > 0 AND NOT a.attisdropped"
+        " ORDER BY a.attnum";
+    const char *params[2] = {t->pg_schema, t->pg_table};
+    PGresult *r = PQexecParams(a->conn, sql, 2, NULL, params, NULL, NULL, 0);
+    if (PQresultStatus(r) != PGRES_TUPLES_OK) {
+        error_from_result(e, a->conn, r, -1);
+        PQclear(r);
+        return -1;
+    }
+    for (size_t i = 0; i < t->ncols; i++) {
+        free(t->col_names[i]);
+        free(t->col_types[i]);
+        free(t->col_quoted[i]);
+    }
+    t->ncols = 0;
+    t->npk = 0;
+    ces_map_clear(t->by_source, NULL, NULL);
+    int rows = PQntuples(r);
+    free(t->pk);
+    t->pk = calloc((size_t)rows + 1, sizeof(size_t));
+    if (t->pk == NULL)
+        goto nomem;
+    for (int row = 0; row < rows; row++) {
+        if (table_add_column(t, PQgetvalue(r, row, 0), PQgetvalue(r, row, 1), a->conn) != 0)
+            goto nomem;
+    }
+    /* Primary key columns in key order (array_position is the 1-based place in the index). */
+    for (int pos = 1; pos <= rows; pos++) {
+        for (int row = 0; row < rows; row++) {
+            if (!PQgetisnull(r, row, 2) && atoi(PQgetvalue(r, row, 2)) == pos)
+                t->pk[t->npk++] = (size_t)row;
+        }
+    }
+    PQclear(r);
+    return rows > 0 ? 1 : 0;
+nomem:
+    PQclear(r);
+    set_error(e, ERR_FATAL, -1, NULL, "out of memory");
+    return -1;
+}
+
+/* The SQL Server type announced for a source column, or NULL. */
+static const char *source_type(const ces_event_t *ev, const char *name) {
+    for (size_t i = 0; i < ev->ncols; i++) {
+        if (strcmp(ev->cols[i].name, name) == 0)
+            return ev->cols[i].type;
+    }
+    return NULL;
+}
+
+static void pg_type_for(const ces_event_t *ev, const char *source_name, char *buf, size_t size,
+                        const char *table_name) {
+    const char *type = source_type(ev, source_name);
+    if (type == NULL) {
+        snprintf(buf, size, "text");
+        return;
+    }
+    if (!ces_types_map(type, buf, size))
+        ces_log_warning("table %s: column '%s' has SQL Server type '%s' with no mapping; stored "
+                        "as text",
+                        table_name, source_name, type);
+}
+
+/* Source names of every column the event mentions: cols, pkkey, current, old. */
+typedef struct {
+    const char **names;
+    size_t count;
+} namelist_t;
+
+static int namelist_add(namelist_t *l, const char *name) {
+    for (size_t i = 0; i < l->count; i++) {
+        if (strcmp(l->names[i], name) == 0)
+            return 0;
+    }
+    const char **n = realloc(l->names, (l->count + 1) * sizeof(char *));
+    if (n == NULL)
+        return -1;
+    l->names = n;
+    l->names[l->count++] = name;
+    return 0;
+}
+
+static int event_column_names(const ces_event_t *ev, namelist_t *l) {
+    for (size_t i = 0; i < ev->ncols; i++)
+        if (namelist_add(l, ev->cols[i].name) != 0)
+            return -1;
+    for (size_t i = 0; i < ev->npkkey; i++)
+        if (namelist_add(l, ev->pkkey[i].name) != 0)
+            return -1;
+    for (size_t i = 0; i < ev->ncurrent; i++)
+        if (namelist_add(l, ev->current[i].name) != 0)
+            return -1;
+    for (size_t i = 0; i < ev->nold; i++)
+        if (namelist_add(l, ev->old[i].name) != 0)
+            return -1;
+    return 0;
+}
+
+/* CREATE TABLE from the event's columns, with its pkkey as the primary key. */
+static int table_create(ces_apply_t *a, table_t *t, const ces_event_t *ev, attempt_error_t *e) {
+    namelist_t names = {0};
+    sb_t sql = {0};
+    char **folded = NULL;
+    int rc = -1;
+    char *schema = quote_ident(a->conn, t->pg_schema);
+    if (schema == NULL || event_column_names(ev, &names) != 0)
+        goto nomem;
+    folded = calloc(names.count + 1, sizeof(char *));
+    if (folded == NULL)
+        goto nomem;
+    sb_add(&sql, "CREATE SCHEMA IF NOT EXISTS ");
+    sb_add(&sql, schema);
+    sb_add(&sql, ";\nCREATE TABLE IF NOT EXISTS ");
+    sb_add(&sql, t->qualified);
+    sb_add(&sql, " (");
+    size_t ncols = 0;
+    for (size_t i = 0; i < names.count; i++) {
+        folded[i] = fold_name(names.names[i]);
+        if (folded[i] == NULL)
+            goto nomem;
+        bool dup = false;
+        for (size_t j = 0; j < i; j++)
+            dup = dup || strcmp(folded[j], folded[i]) == 0;
+        if (dup)
+            continue; /* two source names that fold alike: the first one wins */
+        char type[64];
+        pg_type_for(ev, names.names[i], type, sizeof(type), t->qualified);
+        char *q = quote_ident(a->conn, folded[i]);
+        if (q == NULL)
+            goto nomem;
+        sb_add(&sql, ncols++ ? ", " : "");
+        sb_add(&sql, q);
+        sb_add(&sql, " ");
+        sb_add(&sql, type);
+        free(q);
+    }
+    sb_add(&sql, ", PRIMARY KEY (");
+    for (size_t i = 0; i < ev->npkkey; i++) {
+        char *f = fold_name(ev->pkkey[i].name);
+        char *q = f ? quote_ident(a->conn, f) : NULL;
+        free(f);
+        if (q == NULL)
+            goto nomem;
+        sb_add(&sql, i ? ", " : "");
+        sb_add(&sql, q);
+        free(q);
+    }
+    sb_add(&sql, "))");
+    if (sql.failed)
+        goto nomem;
+    ces_log_info("creating table %s", t->qualified);
+    if (exec_simple(a, sql.buf, e) != 0)
+        goto done;
+    rc = 0;
+    goto done;
+nomem:
+    set_error(e, ERR_FATAL, -1, NULL, "out of memory");
+done:
+    if (folded != NULL) {
+        for (size_t i = 0; i < names.count; i++)
+            free(folded[i]);
+    }
+    free(folded);
+    free(names.names);
+    free(sql.buf);
+    free(schema);
+    return rc;
+}
+
+/* Adds the event's columns that the table lacks (never drops or retypes). */
+static int table_evolve(ces_apply_t *a, table_t *t, const ces_event_t *ev, const char **missing,
+                        size_t nmissing, attempt_error_t *e) {
+    sb_t sql = {0};
+    sb_add(&sql, "ALTER TABLE ");
+    sb_add(&sql, t->qualified);
+    for (size_t i = 0; i < nmissing; i++) {
+        char type[64];
+        pg_type_for(ev, missing[i], type, sizeof(type), t->qualified);
+        char *f = fold_name(missing[i]);
+        char *q = f ? quote_ident(a->conn, f) : NULL;
+        free(f);
+        if (q == NULL) {
+            free(sql.buf);
+            set_error(e, ERR_FATAL, -1, NULL, "out of memory");
+            return -1;
+        }
+        sb_add(&sql, i ? ", ADD COLUMN IF NOT EXISTS " : " ADD COLUMN IF NOT EXISTS ");
+        sb_add(&sql, q);
+        sb_add(&sql, " ");
+        sb_add(&sql, type);
+        free(q);
+        ces_log_info("table %s: adding column for '%s' (%s)", t->qualified, missing[i], type);
+    }
+    int rc = sql.failed ? -1 : exec_simple(a, sql.buf, e);
+    if (sql.failed)
+        set_error(e, ERR_FATAL, -1, NULL, "out of memory");
+    free(sql.buf);
+    return rc;
+}
+
+/* Maps a source column name to the table's column index, remembering the answer. -1: none. */
+static long resolve_column(table_t *t, const char *source_name) {
+    uintptr_t v = (uintptr_t)ces_map_get(t->by_source, source_name, strlen(source_name));
+    if (v != 0)
+        return (long)v - 1;
+    char *f = fold_name(source_name);
+    if (f == NULL)
+        return -1;
+    long idx = table_column_index(t, f);
+    free(f);
+    if (idx >= 0)
+        ces_map_put(t->by_source, source_name, strlen(source_name), (void *)(uintptr_t)(idx + 1));
+    return idx;
+}
+
+static table_t *table_new(ces_apply_t *a, const ces_event_t *ev) {
+    table_t *t = calloc(1, sizeof(*t));
+    if (t == NULL)
+        return NULL;
+    t->id = ++a->next_table_id;
+    t->by_source = ces_map_new();
+    t->pg_schema = fold_name(ev->schema);
+    t->pg_table = fold_name(ev->table);
+    char *qs = t->pg_schema ? quote_ident(a->conn, t->pg_schema) : NULL;
+    char *qt = t->pg_table ? quote_ident(a->conn, t->pg_table) : NULL;
+    if (qs && qt && t->by_source) {
+        t->qualified = malloc(strlen(qs) + strlen(qt) + 2);
+        if (t->qualified)
+            sprintf(t->qualified, "%s.%s", qs, qt);
+    }
+    free(qs);
+    free(qt);
+    if (t->qualified == NULL) {
+        table_free(t, NULL);
+        return NULL;
+    }
+    return t;
+}
+
+/*
+ * Finds or makes the target table of ev with every column the event needs. Returns the table, or
+ * NULL with either e set (database error) or *reject set to a reason the event is dead-lettered.
+ */
+static table_t *ensure_table(ces_apply_t *a, const ces_event_t *ev, const char **reject,
+                             attempt_error_t *e) {
+    char key[3 * 520];
+    int klen = snprintf(key, sizeof(key), "%s\x1f%s\x1f%s", ev->db, ev->schema, ev->table);
+    table_t *t = ces_map_get(a->tables, key, (size_t)klen);
+    bool fresh = false;
+    if (t == NULL) {
+        t = table_new(a, ev);
+        if (t == NULL || ces_map_put(a->tables, key, (size_t)klen, t) != 0) {
+            table_free(t, NULL);
+            set_error(e, ERR_FATAL, -1, NULL, "out of memory");
+            return NULL;
+        }
+    }
+    if (!t->loaded) {
+        int exists = table_load(a, t, e);
+        if (exists < 0)
+            return NULL;
+        if (exists == 0) {
+            if (ev->npkkey == 0)
+                goto no_pk;
+            if (!a->auto_create) {
+                *reject = "target table does not exist and schema.auto_create is off";
+                return NULL;
+            }
+            if (table_create(a, t, ev, e) != 0)
+                return NULL;
+            int created = table_load(a, t, e);
+            if (created == 0)
+                set_error(e, ERR_STALE, -1, NULL, "table %s vanished after it was created",
+                          t->qualified);
+            if (created <= 0)
+                return NULL;
+        }
+        t->loaded = true;
+        fresh = true;
+    }
+    if (t->npk == 0)
+        goto no_pk;
+
+    /* Columns this event needs that the table does not have yet. */
+    namelist_t names = {0};
+    const char **missing = NULL;
+    size_t nmissing = 0;
+    if (event_column_names(ev, &names) != 0)
+        goto nomem;
+    missing = calloc(names.count + 1, sizeof(char *));
+    if (missing == NULL) {
+        free(names.names);
+        goto nomem;
+    }
+    for (size_t i = 0; i < names.count; i++) {
+        if (resolve_column(t, names.names[i]) < 0)
+            missing[nmissing++] = names.names[i];
+    }
+    free(names.names);
+    if (nmissing > 0) {
+        if (!a->auto_evolve) {
+            free(missing);
+            *reject = "the event has columns the target table lacks and schema.auto_evolve is off";
+            return NULL;
+        }
+        int rc = fresh ? 0 : table_load(a, t, e); /* someone else may have added them */
+        if (rc >= 0) {
+            size_t still = 0;
+            for (size_t i = 0; i < nmissing; i++) {
+                if (resolve_column(t, missing[i]) < 0)
+                    missing[still++] = missing[i];
+            }
+            nmissing = still;
+            if (nmissing > 0 && (table_evolve(a, t, ev, missing, nmissing, e) != 0 ||
+                                 table_load(a, t, e) < 0))
+                rc = -1;
+        }
+        for (size_t i = 0; rc >= 0 && i < nmissing; i++) {
+            if (resolve_column(t, missing[i]) < 0)
+                *reject = "a column of the event could not be added to the target table";
+        }
+        free(missing);
+        if (rc < 0 || *reject != NULL)
+            return NULL;
+    } else {
+        free(missing);
+    }
+    return t;
+no_pk:
+    if (!t->warned_no_pk) {
+        ces_log_warning("table %s.%s.%s has no primary key: its events go to the dead-letter table",
+                        ev->db, ev->schema, ev->table);
+        t->warned_no_pk = true;
+    }
+    *reject = "table has no primary key (ces2pg applies changes by primary key)";
+    return NULL;
+nomem:
+    set_error(e, ERR_FATAL, -1, NULL, "out of memory");
+    return NULL;
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* Sending a batch through the pipeline                                                           */
+
+typedef enum { PEND_OTHER, PEND_PREPARE, PEND_ROW, PEND_DEAD_LETTER, PEND_OFFSET } pend_kind_t;
+
+typedef struct {
+    pend_kind_t kind;
+    long item; /* batch index, or offset index for PEND_OFFSET */
+    stmt_t *stmt;
+} pending_t;
+
+typedef struct {
+    ces_apply_t *a;
+    ces_batch_t *batch;
+    pending_t *pending;
+    size_t npending;
+    size_t capacity;
+    attempt_error_t *e;
+    bool fenced;
+    /* scratch for one statement's parameters */
+    const char **values;
+    int *lengths;
+    long *cols;
+    size_t scratch_capacity;
+} sender_t;
+
+static int push_pending(sender_t *s, pend_kind_t kind, long item, stmt_t *stmt) {
+    if (s->npending == s->capacity) {
+        size_t cap = s->capacity ? s->capacity * 2 : PIPELINE_CHUNK * 2;
+        pending_t *p = realloc(s->pending, cap * sizeof(*p));
+        if (p == NULL) {
+            set_error(s->e, ERR_FATAL, -1, NULL, "out of memory");
+            return -1;
+        }
+        s->pending = p;
+        s->capacity = cap;
+    }
+    s->pending[s->npending++] = (pending_t){kind, item, stmt};
+    return 0;
+}
+
+/* Sends a Sync and reads every pending result. Returns -1 on a broken connection. */
+static int sync_and_drain(sender_t *s) {
+    PGconn *conn = s->a->conn;
+    int rc = 0;
+    if (PQpipelineSync(conn) != 1) {
+        set_error(s->e, ERR_RETRY, -1, NULL, "sending to PostgreSQL: %s", PQerrorMessage(conn));
+        return -1;
+    }
+    for (size_t i = 0; i < s->npending; i++) {
+        pending_t *p = &s->pending[i];
+        PGresult *r = PQgetResult(conn);
+        if (r == NULL) {
+            set_error(s->e, ERR_RETRY, -1, NULL, "PostgreSQL connection lost: %s",
+                      PQerrorMessage(conn));
+            return -1;
+        }
+        ExecStatusType st = PQresultStatus(r);
+        if (p->kind == PEND_PREPARE && st != PGRES_COMMAND_OK)
+            p->stmt->prepared = false; /* aborted or failed: Parse it again next time */
+        if (st == PGRES_COMMAND_OK || st == PGRES_TUPLES_OK) {
+            if (p->kind == PEND_OFFSET && strcmp(PQcmdTuples(r), "1") != 0)
+                s->fenced = true;
+        } else if (st != PGRES_PIPELINE_ABORTED) {
+            long item = (p->kind == PEND_ROW || p->kind == PEND_PREPARE) ? p->item : -1;
+            error_from_result(s->e, conn, r, item);
+            if (PQstatus(conn) != CONNECTION_OK) {
+                PQclear(r);
+                return -1;
+            }
+        }
+        PQclear(r);
+        r = PQgetResult(conn); /* the NULL that ends each statement's results */
+        if (r != NULL) {
+            PQclear(r);
+            set_error(s->e, ERR_RETRY, -1, NULL, "unexpected extra result from PostgreSQL");
+            rc = -1;
+        }
+    }
+    s->npending = 0;
+    PGresult *r = PQgetResult(conn);
+    if (r == NULL || PQresultStatus(r) != PGRES_PIPELINE_SYNC) {
+        if (r != NULL)
+            error_from_result(s->e, conn, r, -1);
+        else
+            set_error(s->e, ERR_RETRY, -1, NULL, "PostgreSQL connection lost: %s",
+                      PQerrorMessage(conn));
+        rc = -1;
+    }
+    PQclear(r);
+    return rc;
+}
+
+static int maybe_sync(sender_t *s) {
+    if (s->npending < PIPELINE_CHUNK)
+        return 0;
+    return sync_and_drain(s);
+}
+
+static int send_simple(sender_t *s, const char *sql) {
+    if (PQsendQueryParams(s->a->conn, sql, 0, NULL, NULL, NULL, NULL, 0) != 1) {
+        set_error(s->e, ERR_RETRY, -1, NULL, "sending to PostgreSQL: %s",
+                  PQerrorMessage(s->a->conn));
+        return -1;
+    }
+    return push_pending(s, PEND_OTHER, -1, NULL);
+}
+
+static int reserve_scratch(sender_t *s, size_t n) {
+    if (n <= s->scratch_capacity)
+        return 0;
+    size_t cap = n * 2;
+    const char **v = realloc(s->values, cap * sizeof(*v));
+    if (v)
+        s->values = v;
+    int *l = realloc(s->lengths, cap * sizeof(*l));
+    if (l)
+        s->lengths = l;
+    long *c = realloc(s->cols, cap * sizeof(*c));
+    if (c)
+        s->cols = c;
+    if (!v || !l || !c) {
+        set_error(s->e, ERR_FATAL, -1, NULL, "out of memory");
+        return -1;
+    }
+    s->scratch_capacity = cap;
+    return 0;
+}
+
+/* Finds or makes the prepared statement for a signature; sends its Parse when the connection has
+ * not seen it yet. build writes its SQL. */
+static stmt_t *get_statement(sender_t *s, const char *sig, size_t sig_len, long item,
+                             void (*build)(sb_t *, const table_t *, const long *, size_t),
+                             const table_t *t, const long *cols, size_t ncols) {
+    ces_apply_t *a = s->a;
+    stmt_t *st = ces_map_get(a->stmts, sig, sig_len);
+    if (st == NULL) {
+        st = calloc(1, sizeof(*st));
+        char name[32];
+        snprintf(name, sizeof(name), "ces_%u", ++a->next_stmt_id);
+        if (st == NULL || (st->name = strdup(name)) == NULL ||
+            ces_map_put(a->stmts, sig, sig_len, st) != 0) {
+            if (st)
+                free(st->name);
+            free(st);
+            set_error(s->e, ERR_FATAL, -1, NULL, "out of memory");
+            return NULL;
+        }
+    }
+    if (!st->prepared) {
+        sb_t sql = {0};
+        build(&sql, t, cols, ncols);
+        if (sql.failed) {
+            free(sql.buf);
+            set_error(s->e, ERR_FATAL, -1, NULL, "out of memory");
+            return NULL;
+        }
+        int ok = PQsendPrepare(a->conn, st->name, sql.buf, (int)ncols, NULL);
+        free(sql.buf);
+        if (ok != 1) {
+            set_error(s->e, ERR_RETRY, -1, NULL, "sending to PostgreSQL: %s",
+                      PQerrorMessage(a->conn));
+            return NULL;
+        }
+        if (push_pending(s, PEND_PREPARE, item, st) != 0)
+            return NULL;
+        /* Later statements of this pipeline may use it at once: the server parses in order. */
+        st->prepared = true;
+    }
+    return st;
+}
+
+static void build_upsert(sb_t *sql, const table_t *t, const long *cols, size_t n) {
+    sb_add(sql, "INSERT INTO ");
+    sb_add(sql, t->qualified);
+    sb_add(sql, " AS t (");
+    for (size_t i = 0; i < n; i++) {
+        sb_add(sql, i ? ", " : "");
+        sb_add(sql, t->col_quoted[cols[i]]);
+    }
+    sb_add(sql, ") VALUES (");
+    for (size_t i = 0; i < n; i++)
+        sb_addf(sql, "%s$%zu", i ? ", " : "", i + 1);
+    sb_add(sql, ") ON CONFLICT (");
+    for (size_t k = 0; k < t->npk; k++) {
+        sb_add(sql, k ? ", " : "");
+        sb_add(sql, t->col_quoted[t->pk[k]]);
+    }
+    sb_add(sql, ") DO ");
+    size_t updates = 0;
+    for (size_t i = 0; i < n; i++) {
+        bool is_pk = false;
+        for (size_t k = 0; k < t->npk; k++)
+            is_pk = is_pk || (size_t)cols[i] == t->pk[k];
+        if (is_pk)
+            continue;
+        sb_add(sql, updates++ ? ", " : "UPDATE SET ");
+        sb_add(sql, t->col_quoted[cols[i]]);
+        sb_add(sql, " = EXCLUDED.");
+        sb_add(sql, t->col_quoted[cols[i]]);
+    }
+    if (updates == 0)
+        sb_add(sql, "NOTHING");
+}
+
+static void build_delete(sb_t *sql, const table_t *t, const long *cols, size_t n) {
+    (void)cols;
+    sb_add(sql, "DELETE FROM ");
+    sb_add(sql, t->qualified);
+    sb_add(sql, " WHERE ");
+    for (size_t k = 0; k < n; k++) {
+        sb_add(sql, k ? " AND " : "");
+        sb_add(sql, t->col_quoted[t->pk[k]]);
+        sb_addf(sql, " = $%zu", k + 1);
+    }
+}
+
+/* The signature that names a statement: its kind, table and column list. */
+static size_t signature(char *buf, size_t size, char kind, const table_t *t, const long *cols,
+                        size_t n) {
+    size_t len = (size_t)snprintf(buf, size, "%c%u", kind, t->id);
+    for (size_t i = 0; i < n && len + 12 < size; i++)
+        len += (size_t)snprintf(buf + len, size - len, ",%ld", cols[i]);
+    return len;
+}
+
+/* Converts a value for its column; NULL values stay NULL. Returns -1 when out of memory. */
+static int param_value(sender_t *s, ces_item_t *item, const table_t *t, long col,
+                       const ces_field_t *f, size_t slot) {
+    if (f->is_null) {
+        s->values[slot] = NULL;
+        s->lengths[slot] = 0;
+        return 0;
+    }
+    size_t len;
+    const char *v = ces_types_convert(t->conv[col], f->value, f->value_len, item->arena, &len);
+    if (v == NULL) {
+        set_error(s->e, ERR_FATAL, -1, NULL, "out of memory");
+        return -1;
+    }
+    s->values[slot] = v;
+    s->lengths[slot] = (int)len;
+    return 0;
+}
+
+/* Key value of pk column k: from the image (if given), else from pkkey. */
+static const ces_field_t *key_field(table_t *t, size_t k, const ces_field_t *image, size_t nimage,
+                                    const ces_event_t *ev) {
+    for (size_t i = 0; i < nimage; i++) {
+        if (resolve_column(t, image[i].name) == (long)t->pk[k])
+            return &image[i];
+    }
+    for (size_t i = 0; i < ev->npkkey; i++) {
+        if (resolve_column(t, ev->pkkey[i].name) == (long)t->pk[k])
+            return &ev->pkkey[i];
+    }
+    return NULL;
+}
+
+static int send_delete(sender_t *s, long idx, ces_item_t *item, table_t *t,
+                       const ces_field_t *image, size_t nimage, const char **reject) {
+    if (reserve_scratch(s, t->npk) != 0)
+        return -1;
+    for (size_t k = 0; k < t->npk; k++) {
+        const ces_field_t *f = key_field(t, k, image, nimage, &item->event);
+        if (f == NULL || f->is_null) {
+            *reject = "the event lacks a value for a primary key column of the target table";
+            return 0;
+        }
+        if (param_value(s, item, t, (long)t->pk[k], f, k) != 0)
+            return -1;
+    }
+    char sig[64];
+    size_t sl = signature(sig, sizeof(sig), 'D', t, NULL, 0);
+    stmt_t *st = get_statement(s, sig, sl, idx, build_delete, t, NULL, t->npk);
+    if (st == NULL)
+        return -1;
+    if (PQsendQueryPrepared(s->a->conn, st->name, (int)t->npk, s->values, s->lengths, NULL, 0) !=
+        1) {
+        set_error(s->e, ERR_RETRY, -1, NULL, "sending to PostgreSQL: %s",
+                  PQerrorMessage(s->a->conn));
+        return -1;
+    }
+    return push_pending(s, PEND_ROW, idx, NULL);
+}
+
+static int send_upsert(sender_t *s, long idx, ces_item_t *item, table_t *t, const char **reject) {
+    const ces_event_t *ev = &item->event;
+    size_t n = 0;
+    if (reserve_scratch(s, ev->ncurrent + t->npk) != 0)
+        return -1;
+    const ces_field_t **fields = (const ces_field_t **)calloc(ev->ncurrent + t->npk + 1,
+                                                             sizeof(*fields));
+    if (fields == NULL) {
+        set_error(s->e, ERR_FATAL, -1, NULL, "out of memory");
+        return -1;
+    }
+    int rc = -1;
+    for (size_t i = 0; i < ev->ncurrent; i++) {
+        long col = resolve_column(t, ev->current[i].name);
+        bool seen = false;
+        for (size_t j = 0; j < n; j++)
+            seen = seen || s->cols[j] == col;
+        if (col < 0 || seen)
+            continue; /* a duplicate after case folding: the first wins */
+        s->cols[n] = col;
+        fields[n++] = &ev->current[i];
+    }
+    for (size_t k = 0; k < t->npk; k++) {
+        bool have = false;
+        for (size_t j = 0; j < n; j++)
+            have = have || s->cols[j] == (long)t->pk[k];
+        if (have)
+            continue;
+        const ces_field_t *f = key_field(t, k, NULL, 0, ev);
+        if (f == NULL) {
+            *reject = "the event lacks a value for a primary key column of the target table";
+            rc = 0;
+            goto done;
+        }
+        s->cols[n] = (long)t->pk[k];
+        fields[n++] = f;
+    }
+    /* Column order decides the statement: sort by column index so equal shapes share one. */
+    for (size_t i = 1; i < n; i++) {
+        long c = s->cols[i];
+        const ces_field_t *f = fields[i];
+        size_t j = i;
+        for (; j > 0 && s->cols[j - 1] > c; j--) {
+            s->cols[j] = s->cols[j - 1];
+            fields[j] = fields[j - 1];
+        }
+        s->cols[j] = c;
+        fields[j] = f;
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (param_value(s, item, t, s->cols[i], fields[i], i) != 0)
+            goto done;
+    }
+    size_t sig_size = 16 + n * 12;
+    char *sig = malloc(sig_size);
+    if (sig == NULL) {
+        set_error(s->e, ERR_FATAL, -1, NULL, "out of memory");
+        goto done;
+    }
+    size_t sl = signature(sig, sig_size, 'U', t, s->cols, n);
+    stmt_t *st = get_statement(s, sig, sl, idx, build_upsert, t, s->cols, n);
+    free(sig);
+    if (st == NULL)
+        goto done;
+    if (PQsendQueryPrepared(s->a->conn, st->name, (int)n, s->values, s->lengths, NULL, 0) != 1) {
+        set_error(s->e, ERR_RETRY, -1, NULL, "sending to PostgreSQL: %s",
+                  PQerrorMessage(s->a->conn));
+        goto done;
+    }
+    rc = push_pending(s, PEND_ROW, idx, NULL);
+done:
+    free(fields);
+    return rc;
+}
+
+/* True when an UPD moves the row: its old image holds a different primary key than the new one. */
+static bool key_changed(table_t *t, const ces_event_t *ev) {
+    if (ev->op != CES_OP_UPDATE || ev->nold == 0)
+        return false;
+    for (size_t k = 0; k < t->npk; k++) {
+        const ces_field_t *o = NULL;
+        for (size_t i = 0; i < ev->nold && o == NULL; i++) {
+            if (resolve_column(t, ev->old[i].name) == (long)t->pk[k])
+                o = &ev->old[i];
+        }
+        const ces_field_t *n = key_field(t, k, ev->current, ev->ncurrent, ev);
+        if (o == NULL || n == NULL || o->is_null || n->is_null)
+            return false;
+        if (o->value_len != n->value_len || memcmp(o->value, n->value, o->value_len) != 0)
+            return true;
+    }
+    return false;
+}
+
+static int send_event(sender_t *s, long idx, ces_item_t *item, table_t *t, const char **reject) {
+    const ces_event_t *ev = &item->event;
+    if (ev->op == CES_OP_DELETE)
+        return send_delete(s, idx, item, t, ev->old, ev->nold, reject);
+    if (key_changed(t, ev)) {
+        if (send_delete(s, idx, item, t, ev->old, ev->nold, reject) != 0 || *reject != NULL)
+            return *reject != NULL ? 0 : -1;
+    }
+    return send_upsert(s, idx, item, t, reject);
+}
+
+static int send_dead_letter(sender_t *s, long idx, ces_item_t *item) {
+    char partition[16], offset[24];
+    snprintf(partition, sizeof(partition), "%d", (int)item->source.partition);
+    snprintf(offset, sizeof(offset), "%lld", (long long)item->source.offset);
+    char *reason = utf8_sanitize(item->reason ? item->reason : "unknown");
+    char *topic = utf8_sanitize(item->source.topic ? item->source.topic : "");
+    char *logicalid = item->logicalid ? utf8_sanitize(item->logicalid) : NULL;
+    int rc = -1;
+    if (reason == NULL || topic == NULL || (item->logicalid && logicalid == NULL)) {
+        set_error(s->e, ERR_FATAL, -1, NULL, "out of memory");
+        goto done;
+    }
+    const char *values[6] = {topic, partition, offset, reason, logicalid, item->raw};
+    int lengths[6] = {0, 0, 0, 0, 0, (int)item->raw_len};
+    int formats[6] = {0, 0, 0, 0, 0, 1};
+    if (item->raw == NULL)
+        values[5] = NULL;
+    if (PQsendQueryParams(s->a->conn, s->a->sql_dead_letter, 6, NULL, values, lengths, formats,
+                          0) != 1) {
+        set_error(s->e, ERR_RETRY, -1, NULL, "sending to PostgreSQL: %s",
+                  PQerrorMessage(s->a->conn));
+        goto done;
+    }
+    rc = push_pending(s, PEND_DEAD_LETTER, idx, NULL);
+done:
+    free(reason);
+    free(topic);
+    free(logicalid);
+    return rc;
+}
+
+static int send_offsets(sender_t *s) {
+    for (size_t i = 0; i < s->batch->noffsets; i++) {
+        const ces_offset_update_t *o = &s->batch->offsets[i];
+        char partition[16], next[24], expected[24];
+        snprintf(partition, sizeof(partition), "%d", (int)o->partition);
+        snprintf(next, sizeof(next), "%lld", (long long)o->next);
+        snprintf(expected, sizeof(expected), "%lld", (long long)o->expected);
+        const char *values[5] = {s->a->group_id, o->topic, partition, next,
+                                 o->has_expected ? expected : NULL};
+        if (PQsendQueryParams(s->a->conn, s->a->sql_offsets, 5, NULL, values, NULL, NULL, 0) != 1) {
+            set_error(s->e, ERR_RETRY, -1, NULL, "sending to PostgreSQL: %s",
+                      PQerrorMessage(s->a->conn));
+            return -1;
+        }
+        if (push_pending(s, PEND_OFFSET, (long)i, NULL) != 0)
+            return -1;
+    }
+    return 0;
+}
+
+/* Resolves every event's table before the transaction starts (DDL commits on its own). Events that
+ * cannot be applied become dead letters here. */
+static int prepare_tables(ces_apply_t *a, ces_batch_t *batch, table_t **tables,
+                          attempt_error_t *e) {
+    for (size_t i = 0; i < batch->count; i++) {
+        ces_item_t *item = &batch->items[i];
+        tables[i] = NULL;
+        if (item->kind != CES_ITEM_EVENT)
+            continue;
+        const char *reject = NULL;
+        tables[i] = ensure_table(a, &item->event, &reject, e);
+        if (tables[i] != NULL)
+            continue;
+        if (e->cls == ERR_DATA && e->failed_item < 0) {
+            /* DDL refused because of what this event holds (e.g. an over-long name). */
+            char reason[600];
+            snprintf(reason, sizeof(reason), "creating or extending the target table failed: %s",
+                     e->message);
+            memset(e, 0, sizeof(*e));
+            if (ces_batch_item_reject(item, reason) != 0) {
+                set_error(e, ERR_FATAL, -1, NULL, "out of memory");
+                return -1;
+            }
+            continue;
+        }
+        if (e->cls != ERR_NONE)
+            return -1;
+        if (ces_batch_item_reject(item, reject ? reject : "the target table is unusable") != 0) {
+            set_error(e, ERR_FATAL, -1, NULL, "out of memory");
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* Ends the pipeline after a failure: ROLLBACK if the connection still works. */
+static void abandon(sender_t *s) {
+    PGconn *conn = s->a->conn;
+    if (PQstatus(conn) != CONNECTION_OK || PQpipelineStatus(conn) == PQ_PIPELINE_OFF)
+        return;
+    attempt_error_t ignored = {.failed_item = -1};
+    attempt_error_t *saved = s->e;
+    s->e = &ignored;
+    s->npending = 0;
+    if (send_simple(s, "ROLLBACK") == 0)
+        sync_and_drain(s);
+    s->e = saved;
+    if (PQexitPipelineMode(conn) != 1)
+        ces_log_debug("leaving pipeline mode: %s", PQerrorMessage(conn));
+}
+
+static void attempt(ces_apply_t *a, ces_batch_t *batch, attempt_error_t *e) {
+    table_t **tables = calloc(batch->count + 1, sizeof(table_t *));
+    sender_t s = {.a = a, .batch = batch, .e = e};
+    if (tables == NULL) {
+        set_error(e, ERR_FATAL, -1, NULL, "out of memory");
+        return;
+    }
+    if (prepare_tables(a, batch, tables, e) != 0)
+        goto done;
+    if (PQenterPipelineMode(a->conn) != 1) {
+        set_error(e, ERR_RETRY, -1, NULL, "entering pipeline mode: %s", PQerrorMessage(a->conn));
+        goto done;
+    }
+    if (send_simple(&s, "BEGIN") != 0)
+        goto fail;
+    for (size_t i = 0; i < batch->count; i++) {
+        ces_item_t *item = &batch->items[i];
+        if (item->kind == CES_ITEM_EVENT) {
+            const char *reject = NULL;
+            if (send_event(&s, (long)i, item, tables[i], &reject) != 0)
+                goto fail;
+            if (reject != NULL && ces_batch_item_reject(item, reject) != 0) {
+                set_error(e, ERR_FATAL, -1, NULL, "out of memory");
+                goto fail;
+            }
+        }
+        if (item->kind == CES_ITEM_DEAD_LETTER && send_dead_letter(&s, (long)i, item) != 0)
+            goto fail;
+        if (maybe_sync(&s) != 0 || e->cls != ERR_NONE)
+            goto fail;
+    }
+    if (send_offsets(&s) != 0 || sync_and_drain(&s) != 0 || e->cls != ERR_NONE)
+        goto fail;
+    if (s.fenced) {
+        set_error(e, ERR_FENCED, -1, NULL,
+                  "the stored consumer position moved: another instance took over a partition");
+        goto fail;
+    }
+    if (send_simple(&s, "COMMIT") != 0 || sync_and_drain(&s) != 0 || e->cls != ERR_NONE) {
+        e->in_commit = true;
+        goto fail;
+    }
+    if (PQexitPipelineMode(a->conn) != 1)
+        set_error(e, ERR_RETRY, -1, NULL, "leaving pipeline mode: %s", PQerrorMessage(a->conn));
+    goto done;
+fail:
+    abandon(&s);
+done:
+    free(s.pending);
+    free(s.values);
+    free(s.lengths);
+    free(s.cols);
+    free(tables);
+}
+
+/*
+ * After a failure during COMMIT the outcome is unknown. The positions tell: if every partition of
+ * the batch already stands at the batch's new position, the commit happened.
+ */
+static bool batch_committed(ces_apply_t *a, ces_batch_t *batch) {
+    if (batch->noffsets == 0)
+        return false;
+    for (size_t i = 0; i < batch->noffsets; i++) {
+        const ces_offset_update_t *o = &batch->offsets[i];
+        int64_t stored;
+        char err[256];
+        if (ces_apply_read_offsets(a, o->topic, &o->partition, 1, &stored, err, sizeof(err)) !=
+                CES_APPLY_OK ||
+            stored != o->next)
+            return false;
+    }
+    return true;
+}
+
+static void count_committed(const ces_batch_t *batch, ces_apply_stats_t *stats) {
+    if (stats == NULL)
+        return;
+    for (size_t i = 0; i < batch->count; i++) {
+        if (batch->items[i].kind == CES_ITEM_EVENT)
+            stats->events_applied++;
+        else
+            stats->dead_letters++;
+    }
+}
+
+ces_apply_status_t ces_apply_batch(ces_apply_t *a, ces_batch_t *batch, ces_apply_stats_t *stats,
+                                   char *errstr, size_t errstr_size) {
+    bool commit_unknown = false;
+    for (;;) {
+        ces_apply_status_t st = ensure_connected(a, errstr, errstr_size);
+        if (st != CES_APPLY_OK)
+            return st;
+        if (commit_unknown && batch_committed(a, batch)) {
+            ces_log_info("the batch had been committed before the connection was lost");
+            break;
+        }
+        commit_unknown = false;
+        attempt_error_t e = {.failed_item = -1};
+        attempt(a, batch, &e);
+        if (e.cls == ERR_NONE)
+            break;
+        switch (e.cls) {
+        case ERR_DATA:
+            if (e.failed_item >= 0 && (size_t)e.failed_item < batch->count &&
+                batch->items[e.failed_item].kind == CES_ITEM_EVENT) {
+                ces_item_t *item = &batch->items[e.failed_item];
+                char reason[700];
+                snprintf(reason, sizeof(reason), "PostgreSQL rejected the change: %s (SQLSTATE %s)",
+                         e.message, e.sqlstate);
+                ces_log_warning("%s.%s.%s %s at %s[%d]@%lld: %s", item->event.db,
+                                item->event.schema, item->event.table,
+                                ces_op_name(item->event.op), item->source.topic,
+                                (int)item->source.partition, (long long)item->source.offset,
+                                reason);
+                if (ces_batch_item_reject(item, reason) != 0) {
+                    snprintf(errstr, errstr_size, "out of memory");
+                    return CES_APPLY_FATAL;
+                }
+                continue;
+            }
+            snprintf(errstr, errstr_size, "PostgreSQL rejected ces2pg's own bookkeeping: %s "
+                     "(SQLSTATE %s)", e.message, e.sqlstate);
+            return CES_APPLY_FATAL;
+        case ERR_STALE:
+            ces_log_warning("a target table changed underneath ces2pg (%s); reloading it",
+                            e.message);
+            ces_map_clear(a->tables, table_free, NULL);
+            ces_map_each(a->stmts, stmt_forget, NULL);
+            /* Statements of the old shape may still exist on the server: start a new session. */
+            disconnect(a);
+            if (stats)
+                stats->retries++;
+            continue;
+        case ERR_FENCED:
+            snprintf(errstr, errstr_size, "%s", e.message);
+            return CES_APPLY_FENCED;
+        case ERR_RETRY: {
+            if (stats)
+                stats->retries++;
+            commit_unknown = e.in_commit;
+            int64_t ms = next_backoff(a);
+            ces_log_warning("PostgreSQL: %s%s%s; rolling back and retrying the batch in %lld ms",
+                            e.message, e.sqlstate[0] ? " SQLSTATE " : "", e.sqlstate,
+                            (long long)ms);
+            if (PQstatus(a->conn) != CONNECTION_OK)
+                disconnect(a);
+            if (backoff_sleep(a, ms) != 0) {
+                snprintf(errstr, errstr_size, "stopped while retrying a batch");
+                return CES_APPLY_INTERRUPTED;
+            }
+            continue;
+        }
+        default:
+            snprintf(errstr, errstr_size, "PostgreSQL: %s%s%s", e.message,
+                     e.sqlstate[0] ? " SQLSTATE " : "", e.sqlstate);
+            return CES_APPLY_FATAL;
+        }
+    }
+    a->backoff_ms = 0;
+    count_committed(batch, stats);
+    return CES_APPLY_OK;
+}

@@ -1,0 +1,74 @@
+/*
+ * apply: the only stage that talks to PostgreSQL.
+ *
+ * One batch is one PostgreSQL transaction holding its row changes, its dead letters and the new
+ * consumer positions (fenced on the values read at assignment), sent through libpq's pipeline mode.
+ * Target tables are created and extended outside that transaction, idempotently. Transient failures
+ * (lost connection, deadlock, serialization, lock timeout, admin shutdown) roll back and retry the
+ * same batch with capped exponential backoff; a change PostgreSQL rejects as bad data (SQLSTATE
+ * class 22, 23 or 54) becomes a dead letter and the rest of the batch is retried without it.
+ */
+#ifndef CES_APPLY_H
+#define CES_APPLY_H
+
+#include <signal.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "batch.h"
+
+typedef struct {
+    const char *conninfo;
+    const char *metadata_schema;
+    const char *group_id; /* the consumer group whose positions are stored */
+    bool auto_create;
+    bool auto_evolve;
+    int64_t retry_max_ms;            /* cap of the exponential backoff */
+    volatile sig_atomic_t *stop_now; /* when set, retries give up (the batch stays rolled back) */
+} ces_apply_options_t;
+
+typedef enum {
+    CES_APPLY_OK = 0,
+    CES_APPLY_FENCED,      /* stored positions moved under us: the batch was rolled back */
+    CES_APPLY_INTERRUPTED, /* a stop was requested while retrying: the batch was rolled back */
+    CES_APPLY_FATAL,       /* cannot go on (authentication, permissions, missing database...) */
+} ces_apply_status_t;
+
+typedef struct {
+    uint64_t events_applied;
+    uint64_t dead_letters;
+    uint64_t retries;
+} ces_apply_stats_t;
+
+typedef struct ces_apply_s ces_apply_t;
+
+/* Copies the options. Returns NULL when out of memory. Owned by the caller. */
+ces_apply_t *ces_apply_new(const ces_apply_options_t *options);
+void ces_apply_destroy(ces_apply_t *apply);
+
+/* Connects (retrying transient failures) and creates the metadata schema and its tables. */
+ces_apply_status_t ces_apply_start(ces_apply_t *apply, char *errstr, size_t errstr_size)
+    __attribute__((warn_unused_result));
+
+/*
+ * Reads the stored next offsets of topic's partitions[0..n) into offsets[0..n); -1 where PostgreSQL
+ * has none.
+ */
+ces_apply_status_t ces_apply_read_offsets(ces_apply_t *apply, const char *topic,
+                                          const int32_t *partitions, size_t n, int64_t *offsets,
+                                          char *errstr, size_t errstr_size)
+    __attribute__((warn_unused_result));
+
+/*
+ * Applies batch in one transaction. Items that PostgreSQL rejects are turned into dead letters in
+ * place. stats (may be NULL) is increased by what was committed.
+ */
+ces_apply_status_t ces_apply_batch(ces_apply_t *apply, ces_batch_t *batch,
+                                   ces_apply_stats_t *stats, char *errstr, size_t errstr_size)
+    __attribute__((warn_unused_result));
+
+/* True while a connection is open and healthy. */
+bool ces_apply_connected(const ces_apply_t *apply);
+
+#endif

@@ -1,0 +1,79 @@
+#include "arena.h"
+
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define ARENA_BLOCK_SIZE 8192
+#define ARENA_ALIGN 16
+
+typedef struct arena_block_s {
+    struct arena_block_s *next;
+    size_t size; /* usable bytes after the header */
+    size_t used;
+    _Alignas(ARENA_ALIGN) unsigned char data[];
+} arena_block_t;
+
+struct ces_arena_s {
+    arena_block_t *head; /* current block; older blocks follow */
+    size_t footprint;
+};
+
+ces_arena_t *ces_arena_new(void) { return calloc(1, sizeof(ces_arena_t)); }
+
+void ces_arena_destroy(ces_arena_t *arena) {
+    if (arena == NULL)
+        return;
+    arena_block_t *b = arena->head;
+    while (b != NULL) {
+        arena_block_t *next = b->next;
+        free(b);
+        b = next;
+    }
+    free(arena);
+}
+
+void *ces_arena_alloc(ces_arena_t *arena, size_t size) {
+    size_t rounded = (size + (ARENA_ALIGN - 1)) & ~(size_t)(ARENA_ALIGN - 1);
+    if (rounded < size)
+        return NULL;
+    arena_block_t *b = arena->head;
+    if (b == NULL || b->size - b->used < rounded) {
+        /* A large request gets a block of its own, placed behind the current one so the current
+         * block's free space is not wasted. */
+        size_t want = rounded > ARENA_BLOCK_SIZE / 2 ? rounded : ARENA_BLOCK_SIZE;
+        if (want > SIZE_MAX - sizeof(arena_block_t))
+            return NULL;
+        arena_block_t *nb = malloc(sizeof(arena_block_t) + want);
+        if (nb == NULL)
+            return NULL;
+        nb->size = want;
+        nb->used = 0;
+        arena->footprint += sizeof(arena_block_t) + want;
+        if (want != ARENA_BLOCK_SIZE && b != NULL) {
+            nb->next = b->next;
+            b->next = nb;
+        } else {
+            nb->next = b;
+            arena->head = nb;
+        }
+        b = nb;
+    }
+    void *p = b->data + b->used;
+    b->used += rounded;
+    return p;
+}
+
+char *ces_arena_strndup(ces_arena_t *arena, const char *s, size_t len) {
+    if (len == SIZE_MAX)
+        return NULL;
+    char *p = ces_arena_alloc(arena, len + 1);
+    if (p == NULL)
+        return NULL;
+    if (len > 0)
+        memcpy(p, s, len);
+    p[len] = '\0';
+    return p;
+}
+
+size_t ces_arena_footprint(const ces_arena_t *arena) { return arena->footprint; }

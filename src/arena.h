@@ -1,0 +1,27 @@
+/*
+ * arena: a bump allocator that frees everything at once.
+ *
+ * A decoded event lives in one arena: every string and array of it is carved from a few large blocks
+ * and released by one ces_arena_destroy(), so the hot path does no per-field malloc/free.
+ */
+#ifndef CES_ARENA_H
+#define CES_ARENA_H
+
+#include <stddef.h>
+
+typedef struct ces_arena_s ces_arena_t;
+
+/* Returns a new empty arena, or NULL when out of memory. Owned by the caller. */
+ces_arena_t *ces_arena_new(void);
+/* Frees the arena and everything allocated from it. Accepts NULL. */
+void ces_arena_destroy(ces_arena_t *arena);
+
+/* Returns size bytes aligned for any type, owned by the arena; NULL when out of memory. */
+void *ces_arena_alloc(ces_arena_t *arena, size_t size);
+/* Copies len bytes and appends a NUL; the copy is owned by the arena. NULL when out of memory. */
+char *ces_arena_strndup(ces_arena_t *arena, const char *s, size_t len);
+
+/* Bytes obtained from malloc by this arena (for memory accounting). */
+size_t ces_arena_footprint(const ces_arena_t *arena);
+
+#endif

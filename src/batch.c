@@ -1,0 +1,66 @@
+#include "batch.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+ces_item_t *ces_batch_add(ces_batch_t *batch) {
+    if (batch->count == batch->capacity) {
+        size_t cap = batch->capacity ? batch->capacity * 2 : 256;
+        ces_item_t *items = realloc(batch->items, cap * sizeof(*items));
+        if (items == NULL)
+            return NULL;
+        batch->items = items;
+        batch->capacity = cap;
+    }
+    ces_item_t *item = &batch->items[batch->count++];
+    memset(item, 0, sizeof(*item));
+    return item;
+}
+
+int ces_batch_set_offset(ces_batch_t *batch, const ces_offset_update_t *update) {
+    for (size_t i = 0; i < batch->noffsets; i++) {
+        ces_offset_update_t *o = &batch->offsets[i];
+        if (o->partition == update->partition && strcmp(o->topic, update->topic) == 0) {
+            *o = *update;
+            return 0;
+        }
+    }
+    if (batch->noffsets == batch->offsets_capacity) {
+        size_t cap = batch->offsets_capacity ? batch->offsets_capacity * 2 : 16;
+        ces_offset_update_t *o = realloc(batch->offsets, cap * sizeof(*o));
+        if (o == NULL)
+            return -1;
+        batch->offsets = o;
+        batch->offsets_capacity = cap;
+    }
+    batch->offsets[batch->noffsets++] = *update;
+    return 0;
+}
+
+int ces_batch_item_reject(ces_item_t *item, const char *reason) {
+    const char *copy = ces_arena_strndup(item->arena, reason, strlen(reason));
+    if (copy == NULL)
+        return -1;
+    if (item->logicalid == NULL)
+        item->logicalid = item->event.logicalid;
+    item->kind = CES_ITEM_DEAD_LETTER;
+    item->reason = copy;
+    return 0;
+}
+
+void ces_batch_clear(ces_batch_t *batch, void (*release)(void *owner)) {
+    for (size_t i = 0; i < batch->count; i++) {
+        ces_item_t *item = &batch->items[i];
+        if (item->owner != NULL && release != NULL)
+            release(item->owner);
+        ces_arena_destroy(item->arena);
+    }
+    batch->count = 0;
+    batch->noffsets = 0;
+}
+
+void ces_batch_free(ces_batch_t *batch) {
+    free(batch->items);
+    free(batch->offsets);
+    memset(batch, 0, sizeof(*batch));
+}

@@ -1,0 +1,73 @@
+/*
+ * batch: what one PostgreSQL transaction applies — row changes, dead letters and the consumer
+ * positions they cover.
+ *
+ * The pipeline fills a batch and keeps ownership of everything in it; the apply stage reads it and
+ * may turn an event that PostgreSQL rejects into a dead letter (ces_batch_item_reject).
+ */
+#ifndef CES_BATCH_H
+#define CES_BATCH_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "arena.h"
+#include "event.h"
+
+typedef enum {
+    CES_ITEM_EVENT,
+    CES_ITEM_DEAD_LETTER,
+} ces_item_kind_t;
+
+/* Where a record came from: a Kafka position, or a replay file and line. */
+typedef struct {
+    const char *topic; /* reference to a string that outlives the batch */
+    int32_t partition;
+    int64_t offset;
+} ces_source_t;
+
+typedef struct {
+    ces_item_kind_t kind;
+    ces_source_t source;
+    ces_event_t event;   /* CES_ITEM_EVENT: points into arena */
+    const char *reason;  /* CES_ITEM_DEAD_LETTER: why; points into arena */
+    const char *logicalid; /* may be NULL */
+    const void *raw;     /* the record's bytes, kept for a dead letter */
+    size_t raw_len;
+    ces_arena_t *arena;  /* owned by the item */
+    void *owner;         /* owned by the item: what keeps raw alive (a Kafka message), or NULL */
+} ces_item_t;
+
+/* The position to store for one partition, fenced on the value read from PostgreSQL. */
+typedef struct {
+    const char *topic;
+    int32_t partition;
+    bool has_expected; /* false: PostgreSQL had no row for this partition */
+    int64_t expected;
+    int64_t next;
+} ces_offset_update_t;
+
+typedef struct {
+    ces_item_t *items;
+    size_t count;
+    size_t capacity;
+    ces_offset_update_t *offsets;
+    size_t noffsets;
+    size_t offsets_capacity;
+} ces_batch_t;
+
+/* Appends an empty item and returns it, or NULL when out of memory. The batch owns the array. */
+ces_item_t *ces_batch_add(ces_batch_t *batch);
+/* Appends or replaces the stored position for (topic, partition). Returns 0, or -1 (no memory). */
+int ces_batch_set_offset(ces_batch_t *batch, const ces_offset_update_t *update);
+
+/* Turns an event item into a dead letter with a copy of reason. Returns 0, or -1 (no memory). */
+int ces_batch_item_reject(ces_item_t *item, const char *reason);
+
+/* Frees every item's arena (release is called on each item's owner) and empties the batch. */
+void ces_batch_clear(ces_batch_t *batch, void (*release)(void *owner));
+/* Frees the arrays. */
+void ces_batch_free(ces_batch_t *batch);
+
+#endif

@@ -1,0 +1,90 @@
+/*
+ * consumer: the only stage that talks to librdkafka.
+ *
+ * A high-level consumer in a group, with offset storing left to ces2pg: positions live in
+ * PostgreSQL, and Kafka's committed offsets are only written after PostgreSQL commits (for lag
+ * monitoring). On assignment the owner is asked for the stored positions; on revocation it is asked
+ * to commit what is complete first. Both the eager and the cooperative rebalance protocols work.
+ */
+#ifndef CES_CONSUMER_H
+#define CES_CONSUMER_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "config.h"
+
+/* Offset meaning "no stored position: use Kafka's committed offset, then auto.offset.reset". */
+#define CES_OFFSET_UNSET (-1)
+
+typedef struct {
+    const char *topic; /* reference to the consumer's copy; valid while assigned */
+    int32_t partition;
+    int64_t offset;
+    const void *value;
+    size_t len;
+    void *handle; /* the librdkafka message; release with ces_consumer_release() */
+} ces_record_t;
+
+typedef struct {
+    /* Partitions were assigned: fill offsets[i] with the position to start from (or
+     * CES_OFFSET_UNSET). Returns 0, or -1 to stop the daemon (errors already logged). */
+    int (*assigned)(void *opaque, const char *topic, const int32_t *partitions, size_t n,
+                    int64_t *offsets);
+    /* Partitions are about to be taken away: apply and commit what is complete for them, drop the
+     * rest. Returns 0, or -1 to stop the daemon. */
+    int (*revoked)(void *opaque, const char *topic, const int32_t *partitions, size_t n);
+    void *opaque;
+} ces_consumer_callbacks_t;
+
+typedef enum {
+    CES_CONSUMER_OK = 0,
+    CES_CONSUMER_CONFIG, /* a property is invalid: errstr names the file and line */
+    CES_CONSUMER_FATAL,
+} ces_consumer_status_t;
+
+typedef enum {
+    CES_POLL_RECORD,
+    CES_POLL_IDLE,  /* nothing arrived within the timeout */
+    CES_POLL_FATAL, /* the client cannot go on; errstr says why */
+} ces_poll_status_t;
+
+typedef struct ces_consumer_s ces_consumer_t;
+
+/* Checks every Kafka setting of config without connecting. */
+ces_consumer_status_t ces_consumer_check_config(const ces_config_t *config, char *errstr,
+                                                size_t errstr_size);
+
+/*
+ * Creates the consumer and subscribes to config's topics. callbacks is copied. On success *out is
+ * owned by the caller (ces_consumer_destroy).
+ */
+ces_consumer_status_t ces_consumer_new(const ces_config_t *config,
+                                       const ces_consumer_callbacks_t *callbacks,
+                                       ces_consumer_t **out, char *errstr, size_t errstr_size)
+    __attribute__((warn_unused_result));
+
+/* Leaves the group (revoking the assignment through the callbacks) and frees the consumer. Accepts
+ * NULL. */
+void ces_consumer_destroy(ces_consumer_t *consumer);
+
+/* Waits up to timeout_ms for one record. */
+ces_poll_status_t ces_consumer_poll(ces_consumer_t *consumer, int timeout_ms, ces_record_t *record,
+                                    char *errstr, size_t errstr_size);
+
+/* Frees a record's message (handle). Accepts NULL. */
+void ces_consumer_release(void *handle);
+
+/* Tells Kafka the next offset of a partition, after PostgreSQL committed it (monitoring only). */
+void ces_consumer_store_offset(ces_consumer_t *consumer, const char *topic, int32_t partition,
+                               int64_t next_offset);
+
+/* Moves a partition's fetch position (after a rolled-back batch). Returns 0 or -1. */
+int ces_consumer_seek(ces_consumer_t *consumer, const char *topic, int32_t partition,
+                      int64_t offset);
+
+/* Number of partitions currently assigned. */
+size_t ces_consumer_assigned_count(const ces_consumer_t *consumer);
+
+#endif

@@ -1,0 +1,513 @@
+#include "decode.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "json.h"
+
+#define CES_EVENT_TYPE "com.microsoft.SQL.CES.DML.V1"
+#define MAX_NAME_BYTES 512 /* sysname is 128 characters, at most 4 bytes each in UTF-8 */
+
+struct ces_decoder_s {
+    ces_decode_limits_t limits;
+    ces_json_limits_t json_limits;
+    ces_json_parser_t *parser;
+};
+
+void ces_decode_limits_default(ces_decode_limits_t *limits) {
+    limits->max_record_bytes = 2u << 20;
+    limits->max_event_bytes = 64u << 20;
+    limits->max_depth = 16;
+    limits->max_columns = 4096;
+    limits->max_value_bytes = 2u << 20;
+}
+
+ces_decoder_t *ces_decoder_new(const ces_decode_limits_t *limits) {
+    ces_decoder_t *d = calloc(1, sizeof(*d));
+    if (d == NULL)
+        return NULL;
+    d->limits = *limits;
+    d->json_limits.max_depth = limits->max_depth;
+    /* Containers other than column lists (the envelope has 11 attributes) get some headroom; the
+     * column lists are checked against max_columns exactly. */
+    d->json_limits.max_container = limits->max_columns + 64;
+    d->parser = ces_json_parser_new();
+    if (d->parser == NULL) {
+        free(d);
+        return NULL;
+    }
+    return d;
+}
+
+void ces_decoder_destroy(ces_decoder_t *decoder) {
+    if (decoder == NULL)
+        return;
+    ces_json_parser_destroy(decoder->parser);
+    free(decoder);
+}
+
+#define REJECT(...)                                                                                \
+    do {                                                                                           \
+        snprintf(errstr, errstr_size, __VA_ARGS__);                                                \
+        return CES_DECODE_REJECTED;                                                                \
+    } while (0)
+
+static bool has_nul(const ces_json_t *v) { return memchr(v->text, '\0', v->text_len) != NULL; }
+
+/* A string attribute: absent is allowed when !required; any other type is rejected. */
+static ces_decode_status_t get_string(const ces_json_t *obj, const char *where, const char *key,
+                                      bool required, const char **out, char *errstr,
+                                      size_t errstr_size) {
+    const ces_json_t *v = ces_json_get(obj, key);
+    *out = NULL;
+    if (v == NULL || (v->type == CES_JSON_NULL && !required)) {
+        if (required)
+            REJECT("%s: missing required attribute '%s'", where, key);
+        return CES_DECODE_OK;
+    }
+    if (v->type != CES_JSON_STRING)
+        REJECT("%s: attribute '%s' must be a string, not %s", where, key,
+               ces_json_type_name(v->type));
+    if (has_nul(v))
+        REJECT("%s: attribute '%s' contains a NUL byte", where, key);
+    *out = v->text;
+    return CES_DECODE_OK;
+}
+
+static ces_decode_status_t get_int(const ces_json_t *obj, const char *where, const char *key,
+                                   int64_t *out, char *errstr, size_t errstr_size) {
+    const ces_json_t *v = ces_json_get(obj, key);
+    if (v == NULL)
+        REJECT("%s: missing required attribute '%s'", where, key);
+    if (v->type != CES_JSON_NUMBER)
+        REJECT("%s: attribute '%s' must be an integer, not %s", where, key,
+               ces_json_type_name(v->type));
+    char *end;
+    errno = 0;
+    long long n = strtoll(v->text, &end, 10);
+    if (errno != 0 || *end != '\0')
+        REJECT("%s: attribute '%s' is not an integer: %.40s", where, key, v->text);
+    *out = n;
+    return CES_DECODE_OK;
+}
+
+static ces_decode_status_t get_bool(const ces_json_t *obj, const char *where, const char *key,
+                                    bool *out, char *errstr, size_t errstr_size) {
+    const ces_json_t *v = ces_json_get(obj, key);
+    if (v == NULL)
+        REJECT("%s: missing required attribute '%s'", where, key);
+    if (v->type != CES_JSON_BOOL)
+        REJECT("%s: attribute '%s' must be a boolean, not %s", where, key,
+               ces_json_type_name(v->type));
+    *out = v->boolean;
+    return CES_DECODE_OK;
+}
+
+/* Rejects objects that name one attribute twice: which of the two CES meant is unknowable. */
+static ces_decode_status_t check_unique_keys(const ces_json_t *obj, const char *where, char *errstr,
+                                             size_t errstr_size) {
+    for (size_t i = 1; i < obj->count; i++) {
+        for (size_t j = 0; j < i; j++) {
+            if (obj->members[i].key_len == obj->members[j].key_len &&
+                memcmp(obj->members[i].key, obj->members[j].key, obj->members[i].key_len) == 0)
+                REJECT("%s: attribute '%.60s' appears twice", where, obj->members[i].key);
+        }
+    }
+    return CES_DECODE_OK;
+}
+
+#define TRY(expr)                                                                                  \
+    do {                                                                                           \
+        ces_decode_status_t try_status_ = (expr);                                                  \
+        if (try_status_ != CES_DECODE_OK)                                                          \
+            return try_status_;                                                                    \
+    } while (0)
+
+ces_decode_status_t ces_decode_envelope(ces_decoder_t *decoder, ces_arena_t *arena,
+                                        const void *record, size_t len, ces_envelope_t *envelope,
+                                        char *errstr, size_t errstr_size) {
+    memset(envelope, 0, sizeof(*envelope));
+    if (len == 0)
+        REJECT("empty record");
+    if (len > decoder->limits.max_record_bytes)
+        REJECT("record of %zu bytes exceeds the limit of %zu bytes (decode.max_record_bytes)", len,
+               decoder->limits.max_record_bytes);
+    const unsigned char *bytes = record;
+    if (bytes[0] != '{' && bytes[0] != ' ' && bytes[0] != '\n' && bytes[0] != '\r' &&
+        bytes[0] != '\t')
+        REJECT("record does not start with '{': not a JSON CloudEvent (Avro binary records are not "
+               "supported yet)");
+
+    char jerr[256];
+    const ces_json_t *root =
+        ces_json_parse(decoder->parser, arena, record, len, &decoder->json_limits, jerr, sizeof(jerr));
+    if (root == NULL) {
+        if (strcmp(jerr, "out of memory") == 0)
+            return CES_DECODE_NOMEM;
+        REJECT("envelope: %s", jerr);
+    }
+    if (root->type != CES_JSON_OBJECT)
+        REJECT("envelope: a CloudEvent must be a JSON object, not %s", ces_json_type_name(root->type));
+    TRY(check_unique_keys(root, "envelope", errstr, errstr_size));
+
+    const char *specversion, *type, *operation;
+    TRY(get_string(root, "envelope", "specversion", true, &specversion, errstr, errstr_size));
+    if (strcmp(specversion, "1.0") != 0)
+        REJECT("envelope: unsupported CloudEvents specversion '%.40s'", specversion);
+    TRY(get_string(root, "envelope", "type", true, &type, errstr, errstr_size));
+    if (strcmp(type, CES_EVENT_TYPE) != 0)
+        REJECT("unsupported event type '%.100s' (expected " CES_EVENT_TYPE ")", type);
+    TRY(get_string(root, "envelope", "id", true, &envelope->id, errstr, errstr_size));
+    TRY(get_string(root, "envelope", "logicalid", true, &envelope->logicalid, errstr, errstr_size));
+    TRY(get_string(root, "envelope", "time", false, &envelope->time, errstr, errstr_size));
+    TRY(get_string(root, "envelope", "operation", true, &operation, errstr, errstr_size));
+    if (strcmp(operation, "INS") == 0)
+        envelope->op = CES_OP_INSERT;
+    else if (strcmp(operation, "UPD") == 0)
+        envelope->op = CES_OP_UPDATE;
+    else if (strcmp(operation, "DEL") == 0)
+        envelope->op = CES_OP_DELETE;
+    else
+        REJECT("envelope: unknown operation '%.40s' (expected INS, UPD or DEL)", operation);
+
+    if (ces_json_get(root, "segmentindex") != NULL || ces_json_get(root, "finalsegment") != NULL) {
+        TRY(get_int(root, "envelope", "segmentindex", &envelope->index, errstr, errstr_size));
+        TRY(get_bool(root, "envelope", "finalsegment", &envelope->final_segment, errstr,
+                     errstr_size));
+        if (envelope->index < 0)
+            REJECT("envelope: negative segmentindex %lld", (long long)envelope->index);
+        envelope->split_total = -1;
+    } else if (ces_json_get(root, "splitindex") != NULL ||
+               ces_json_get(root, "splittotalcnt") != NULL) {
+        envelope->legacy = true;
+        TRY(get_int(root, "envelope", "splitindex", &envelope->index, errstr, errstr_size));
+        TRY(get_int(root, "envelope", "splittotalcnt", &envelope->split_total, errstr,
+                    errstr_size));
+        if (envelope->index < 0 || envelope->split_total < 0 ||
+            (envelope->split_total > 0 && envelope->index >= envelope->split_total) ||
+            (envelope->split_total == 0 && envelope->index != 0))
+            REJECT("envelope: inconsistent splitindex %lld / splittotalcnt %lld",
+                   (long long)envelope->index, (long long)envelope->split_total);
+        envelope->final_segment =
+            envelope->split_total == 0 || envelope->index == envelope->split_total - 1;
+    } else {
+        REJECT("envelope: missing required attribute 'segmentindex' (or legacy 'splitindex')");
+    }
+
+    const ces_json_t *data = ces_json_get(root, "data");
+    if (data == NULL)
+        REJECT("envelope: missing required attribute 'data'");
+    if (data->type == CES_JSON_STRING) {
+        envelope->data = data->text;
+        envelope->data_len = data->text_len;
+    } else if (data->type == CES_JSON_OBJECT) {
+        envelope->data_tree = data;
+    } else {
+        REJECT("envelope: attribute 'data' must be a string, not %s", ces_json_type_name(data->type));
+    }
+    return CES_DECODE_OK;
+}
+
+static ces_decode_status_t check_name(const char *where, const char *what, const char *name,
+                                      size_t len, char *errstr, size_t errstr_size) {
+    if (len == 0)
+        REJECT("%s: empty %s", where, what);
+    if (len > MAX_NAME_BYTES)
+        REJECT("%s: %s longer than %d bytes", where, what, MAX_NAME_BYTES);
+    if (memchr(name, '\0', len) != NULL)
+        REJECT("%s: %s contains a NUL byte", where, what);
+    return CES_DECODE_OK;
+}
+
+/* A column value: strings as they are, JSON null as SQL NULL, numbers and booleans as their text. */
+static ces_decode_status_t take_value(ces_decoder_t *decoder, const char *where, const char *column,
+                                      const ces_json_t *v, ces_field_t *field, char *errstr,
+                                      size_t errstr_size) {
+    switch (v->type) {
+    case CES_JSON_NULL:
+        field->is_null = true;
+        field->value = NULL;
+        field->value_len = 0;
+        return CES_DECODE_OK;
+    case CES_JSON_BOOL:
+        field->value = v->boolean ? "true" : "false";
+        field->value_len = strlen(field->value);
+        return CES_DECODE_OK;
+    case CES_JSON_STRING:
+        if (has_nul(v))
+            REJECT("%s: value of column '%.128s' contains a NUL byte", where, column);
+        /* fall through */
+    case CES_JSON_NUMBER:
+        if (v->text_len > decoder->limits.max_value_bytes)
+            REJECT("%s: value of column '%.128s' is %zu bytes, over the limit of %zu "
+                   "(decode.max_value_bytes)",
+                   where, column, v->text_len, decoder->limits.max_value_bytes);
+        field->value = v->text;
+        field->value_len = v->text_len;
+        return CES_DECODE_OK;
+    default:
+        REJECT("%s: value of column '%.128s' is a JSON %s; expected a string, number, boolean or "
+               "null",
+               where, column, ces_json_type_name(v->type));
+    }
+}
+
+/* old/current: a JSON object serialized into a string (or, tolerated, inline). */
+static ces_decode_status_t decode_image(ces_decoder_t *decoder, ces_arena_t *arena,
+                                        const ces_json_t *row, const char *name,
+                                        ces_field_t **fields, size_t *count, char *errstr,
+                                        size_t errstr_size) {
+    *fields = NULL;
+    *count = 0;
+    const ces_json_t *v = ces_json_get(row, name);
+    if (v == NULL || v->type == CES_JSON_NULL)
+        return CES_DECODE_OK;
+    const ces_json_t *obj = v;
+    if (v->type == CES_JSON_STRING) {
+        char jerr[256];
+        obj = ces_json_parse(decoder->parser, arena, v->text, v->text_len, &decoder->json_limits,
+                             jerr, sizeof(jerr));
+        if (obj == NULL) {
+            if (strcmp(jerr, "out of memory") == 0)
+                return CES_DECODE_NOMEM;
+            REJECT("eventrow.%s: %s", name, jerr);
+        }
+    }
+    if (obj->type != CES_JSON_OBJECT)
+        REJECT("eventrow.%s must hold a JSON object, not %s", name, ces_json_type_name(obj->type));
+    char where[32];
+    snprintf(where, sizeof(where), "eventrow.%s", name);
+    TRY(check_unique_keys(obj, where, errstr, errstr_size));
+    if (obj->count == 0)
+        return CES_DECODE_OK;
+    if (obj->count > decoder->limits.max_columns)
+        REJECT("%s has %zu columns, over the limit of %zu (decode.max_columns)", where, obj->count,
+               decoder->limits.max_columns);
+    ces_field_t *out = ces_arena_alloc(arena, obj->count * sizeof(*out));
+    if (out == NULL)
+        return CES_DECODE_NOMEM;
+    for (size_t i = 0; i < obj->count; i++) {
+        const ces_json_member_t *m = &obj->members[i];
+        TRY(check_name(where, "column name", m->key, m->key_len, errstr, errstr_size));
+        out[i].name = m->key;
+        out[i].is_null = false;
+        TRY(take_value(decoder, where, m->key, &m->value, &out[i], errstr, errstr_size));
+    }
+    *fields = out;
+    *count = obj->count;
+    return CES_DECODE_OK;
+}
+
+static ces_decode_status_t decode_cols(ces_decoder_t *decoder, ces_arena_t *arena,
+                                       const ces_json_t *source, ces_event_t *event, char *errstr,
+                                       size_t errstr_size) {
+    const ces_json_t *cols = ces_json_get(source, "cols");
+    if (cols == NULL || cols->type == CES_JSON_NULL)
+        return CES_DECODE_OK;
+    if (cols->type != CES_JSON_ARRAY)
+        REJECT("eventsource.cols must be an array, not %s", ces_json_type_name(cols->type));
+    if (cols->count == 0)
+        return CES_DECODE_OK;
+    if (cols->count > decoder->limits.max_columns)
+        REJECT("eventsource.cols has %zu columns, over the limit of %zu (decode.max_columns)",
+               cols->count, decoder->limits.max_columns);
+    event->cols = ces_arena_alloc(arena, cols->count * sizeof(ces_column_t));
+    if (event->cols == NULL)
+        return CES_DECODE_NOMEM;
+    for (size_t i = 0; i < cols->count; i++) {
+        const ces_json_t *c = &cols->items[i];
+        if (c->type != CES_JSON_OBJECT)
+            REJECT("eventsource.cols[%zu] must be an object", i);
+        TRY(get_string(c, "eventsource.cols", "name", true, &event->cols[i].name, errstr,
+                       errstr_size));
+        TRY(check_name("eventsource.cols", "column name", event->cols[i].name,
+                       strlen(event->cols[i].name), errstr, errstr_size));
+        TRY(get_string(c, "eventsource.cols", "type", true, &event->cols[i].type, errstr,
+                       errstr_size));
+    }
+    event->ncols = cols->count;
+    return CES_DECODE_OK;
+}
+
+static ces_decode_status_t decode_pkkey(ces_decoder_t *decoder, ces_arena_t *arena,
+                                        const ces_json_t *source, ces_event_t *event, char *errstr,
+                                        size_t errstr_size) {
+    const ces_json_t *pk = ces_json_get(source, "pkkey");
+    if (pk == NULL || pk->type == CES_JSON_NULL)
+        return CES_DECODE_OK;
+    if (pk->type != CES_JSON_ARRAY)
+        REJECT("eventsource.pkkey must be an array, not %s", ces_json_type_name(pk->type));
+    if (pk->count == 0)
+        return CES_DECODE_OK;
+    if (pk->count > decoder->limits.max_columns)
+        REJECT("eventsource.pkkey has %zu columns, over the limit of %zu (decode.max_columns)",
+               pk->count, decoder->limits.max_columns);
+    event->pkkey = ces_arena_alloc(arena, pk->count * sizeof(ces_field_t));
+    if (event->pkkey == NULL)
+        return CES_DECODE_NOMEM;
+    for (size_t i = 0; i < pk->count; i++) {
+        const ces_json_t *k = &pk->items[i];
+        if (k->type != CES_JSON_OBJECT)
+            REJECT("eventsource.pkkey[%zu] must be an object", i);
+        ces_field_t *f = &event->pkkey[i];
+        TRY(get_string(k, "eventsource.pkkey", "columnname", true, &f->name, errstr, errstr_size));
+        TRY(check_name("eventsource.pkkey", "column name", f->name, strlen(f->name), errstr,
+                       errstr_size));
+        const ces_json_t *v = ces_json_get(k, "value");
+        if (v == NULL)
+            REJECT("eventsource.pkkey: missing required attribute 'value'");
+        f->is_null = false;
+        TRY(take_value(decoder, "eventsource.pkkey", f->name, v, f, errstr, errstr_size));
+    }
+    event->npkkey = pk->count;
+    return CES_DECODE_OK;
+}
+
+/* The logicalid "<uuid>:<commitlsn, 20 hex digits>:<sequence, 20 decimal digits>": the only source
+ * of the order for early preview events, which have no transaction object. */
+static int parse_logicalid(const char *logicalid, ces_position_t *position) {
+    const char *seq = strrchr(logicalid, ':');
+    if (seq == NULL || seq == logicalid)
+        return -1;
+    const char *lsn = seq - 1;
+    while (lsn > logicalid && *lsn != ':')
+        lsn--;
+    if (*lsn != ':')
+        return -1;
+    lsn++;
+    if (ces_lsn_parse_compact(lsn, (size_t)(seq - lsn), &position->commit_lsn) != 0)
+        return -1;
+    seq++;
+    if (*seq == '\0' || strlen(seq) > 20)
+        return -1;
+    uint64_t n = 0;
+    for (const char *p = seq; *p; p++) {
+        if (*p < '0' || *p > '9')
+            return -1;
+        uint64_t next = n * 10 + (uint64_t)(*p - '0');
+        if (next / 10 != n)
+            return -1;
+        n = next;
+    }
+    position->sequence = n;
+    return 0;
+}
+
+static ces_decode_status_t decode_position(const ces_json_t *source, const ces_envelope_t *envelope,
+                                           ces_event_t *event, char *errstr, size_t errstr_size) {
+    const ces_json_t *txn = ces_json_get(source, "transaction");
+    if (txn == NULL || txn->type == CES_JSON_NULL) {
+        if (parse_logicalid(envelope->logicalid, &event->position) != 0)
+            REJECT("no transaction object and no commit LSN in logicalid '%.100s'",
+                   envelope->logicalid);
+        return CES_DECODE_OK;
+    }
+    if (txn->type != CES_JSON_OBJECT)
+        REJECT("eventsource.transaction must be an object, not %s", ces_json_type_name(txn->type));
+    const char *commitlsn;
+    TRY(get_string(txn, "eventsource.transaction", "commitlsn", true, &commitlsn, errstr,
+                   errstr_size));
+    if (ces_lsn_parse(commitlsn, strlen(commitlsn), &event->position.commit_lsn) != 0)
+        REJECT("eventsource.transaction: unparsable commitlsn '%.40s' (expected VLF:block:slot in "
+               "hex)",
+               commitlsn);
+    int64_t seq;
+    TRY(get_int(txn, "eventsource.transaction", "sequencenumber", &seq, errstr, errstr_size));
+    if (seq < 0)
+        REJECT("eventsource.transaction: negative sequencenumber %lld", (long long)seq);
+    event->position.sequence = (uint64_t)seq;
+    return CES_DECODE_OK;
+}
+
+ces_decode_status_t ces_decode_event(ces_decoder_t *decoder, ces_arena_t *arena,
+                                     const ces_envelope_t *envelope, const char *data, size_t len,
+                                     ces_event_t *event, char *errstr, size_t errstr_size) {
+    memset(event, 0, sizeof(*event));
+    const ces_json_t *root = envelope->data_tree;
+    if (data != NULL) {
+        if (len > decoder->limits.max_event_bytes)
+            REJECT("event data of %zu bytes exceeds the limit of %zu bytes "
+                   "(decode.max_event_bytes)",
+                   len, decoder->limits.max_event_bytes);
+        char jerr[256];
+        root = ces_json_parse(decoder->parser, arena, data, len, &decoder->json_limits, jerr,
+                              sizeof(jerr));
+        if (root == NULL) {
+            if (strcmp(jerr, "out of memory") == 0)
+                return CES_DECODE_NOMEM;
+            REJECT("data: %s", jerr);
+        }
+    }
+    if (root == NULL || root->type != CES_JSON_OBJECT)
+        REJECT("data must hold a JSON object");
+    TRY(check_unique_keys(root, "data", errstr, errstr_size));
+    const ces_json_t *source = ces_json_get(root, "eventsource");
+    if (source == NULL || source->type != CES_JSON_OBJECT)
+        REJECT("data: missing required object 'eventsource'");
+    TRY(check_unique_keys(source, "eventsource", errstr, errstr_size));
+    TRY(get_string(source, "eventsource", "db", true, &event->db, errstr, errstr_size));
+    TRY(get_string(source, "eventsource", "schema", true, &event->schema, errstr, errstr_size));
+    TRY(get_string(source, "eventsource", "tbl", true, &event->table, errstr, errstr_size));
+    TRY(check_name("eventsource", "db", event->db, strlen(event->db), errstr, errstr_size));
+    TRY(check_name("eventsource", "schema", event->schema, strlen(event->schema), errstr,
+                   errstr_size));
+    TRY(check_name("eventsource", "tbl", event->table, strlen(event->table), errstr, errstr_size));
+    TRY(decode_cols(decoder, arena, source, event, errstr, errstr_size));
+    TRY(decode_pkkey(decoder, arena, source, event, errstr, errstr_size));
+    TRY(decode_position(source, envelope, event, errstr, errstr_size));
+
+    const ces_json_t *row = ces_json_get(root, "eventrow");
+    if (row == NULL)
+        row = ces_json_get(root, "eventdata"); /* alias used by one page of the docs */
+    if (row == NULL || row->type != CES_JSON_OBJECT)
+        REJECT("data: missing required object 'eventrow'");
+    TRY(check_unique_keys(row, "eventrow", errstr, errstr_size));
+    TRY(decode_image(decoder, arena, row, "old", &event->old, &event->nold, errstr, errstr_size));
+    TRY(decode_image(decoder, arena, row, "current", &event->current, &event->ncurrent, errstr,
+                     errstr_size));
+
+    event->op = envelope->op;
+    event->id = envelope->id;
+    event->logicalid = envelope->logicalid;
+    event->time = envelope->time;
+    switch (event->op) {
+    case CES_OP_INSERT:
+    case CES_OP_UPDATE:
+        if (event->ncurrent == 0)
+            REJECT("%s event with an empty current row image", ces_op_name(event->op));
+        break;
+    case CES_OP_DELETE:
+        if (event->npkkey == 0 && event->nold == 0)
+            REJECT("DEL event with neither pkkey nor old row image");
+        break;
+    }
+    return CES_DECODE_OK;
+}
+
+ces_decode_status_t ces_decode_dump_record(ces_decoder_t *decoder, const void *record, size_t len,
+                                           FILE *out) {
+    ces_arena_t *arena = ces_arena_new();
+    if (arena == NULL)
+        return CES_DECODE_NOMEM;
+    char reason[512];
+    ces_envelope_t env;
+    ces_event_t event;
+    ces_decode_status_t st =
+        ces_decode_envelope(decoder, arena, record, len, &env, reason, sizeof(reason));
+    if (st == CES_DECODE_OK) {
+        fprintf(out, "segment: %s index %lld%s\n", env.legacy ? "legacy" : "current",
+                (long long)env.index, env.final_segment ? " final" : "");
+        st = ces_decode_event(decoder, arena, &env, env.data, env.data_len, &event, reason,
+                              sizeof(reason));
+    }
+    if (st == CES_DECODE_OK)
+        ces_event_dump(&event, out);
+    else if (st == CES_DECODE_REJECTED)
+        fprintf(out, "rejected: %s\n", reason);
+    else
+        fprintf(out, "out of memory\n");
+    ces_arena_destroy(arena);
+    return st;
+}

@@ -1,0 +1,161 @@
+#include "event.h"
+
+#include <stdio.h>
+#include <string.h>
+
+static int hex_value(char c) {
+    if (c >= '0' && c <= '9')
+        return c - '0';
+    if (c >= 'a' && c <= 'f')
+        return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F')
+        return c - 'A' + 10;
+    return -1;
+}
+
+/* Reads 1..max_digits hex digits from text[*pos..len) up to a ':' or the end. */
+static int parse_hex_field(const char *text, size_t len, size_t *pos, size_t max_digits,
+                           uint64_t *out) {
+    uint64_t v = 0;
+    size_t digits = 0;
+    while (*pos < len && text[*pos] != ':') {
+        int h = hex_value(text[*pos]);
+        if (h < 0 || ++digits > max_digits)
+            return -1;
+        v = (v << 4) | (uint64_t)h;
+        (*pos)++;
+    }
+    if (digits == 0)
+        return -1;
+    *out = v;
+    return 0;
+}
+
+int ces_lsn_parse(const char *text, size_t len, ces_lsn_t *lsn) {
+    uint64_t vlf, block, slot;
+    size_t pos = 0;
+    if (parse_hex_field(text, len, &pos, 8, &vlf) != 0 || pos >= len || text[pos++] != ':')
+        return -1;
+    if (parse_hex_field(text, len, &pos, 8, &block) != 0 || pos >= len || text[pos++] != ':')
+        return -1;
+    if (parse_hex_field(text, len, &pos, 4, &slot) != 0 || pos != len)
+        return -1;
+    lsn->high = (uint32_t)vlf;
+    lsn->low = (block << 16) | slot;
+    return 0;
+}
+
+int ces_lsn_parse_compact(const char *text, size_t len, ces_lsn_t *lsn) {
+    if (len != 20)
+        return -1;
+    uint64_t fields[3] = {0, 0, 0};
+    static const size_t widths[3] = {8, 8, 4};
+    size_t pos = 0;
+    for (int f = 0; f < 3; f++) {
+        for (size_t i = 0; i < widths[f]; i++) {
+            int h = hex_value(text[pos++]);
+            if (h < 0)
+                return -1;
+            fields[f] = (fields[f] << 4) | (uint64_t)h;
+        }
+    }
+    lsn->high = (uint32_t)fields[0];
+    lsn->low = (fields[1] << 16) | fields[2];
+    return 0;
+}
+
+int ces_lsn_compare(ces_lsn_t a, ces_lsn_t b) {
+    if (a.high != b.high)
+        return a.high < b.high ? -1 : 1;
+    if (a.low != b.low)
+        return a.low < b.low ? -1 : 1;
+    return 0;
+}
+
+void ces_lsn_format(ces_lsn_t lsn, char buf[23]) {
+    snprintf(buf, 23, "%08X:%08X:%04X", (unsigned)lsn.high, (unsigned)(lsn.low >> 16),
+             (unsigned)(lsn.low & 0xFFFF));
+}
+
+int ces_position_compare(const ces_position_t *a, const ces_position_t *b) {
+    int c = ces_lsn_compare(a->commit_lsn, b->commit_lsn);
+    if (c != 0)
+        return c;
+    if (a->sequence != b->sequence)
+        return a->sequence < b->sequence ? -1 : 1;
+    return 0;
+}
+
+const char *ces_op_name(ces_op_t op) {
+    switch (op) {
+    case CES_OP_INSERT: return "INS";
+    case CES_OP_UPDATE: return "UPD";
+    case CES_OP_DELETE: return "DEL";
+    }
+    return "?";
+}
+
+const ces_field_t *ces_fields_find(const ces_field_t *fields, size_t count, const char *name) {
+    for (size_t i = 0; i < count; i++) {
+        if (strcmp(fields[i].name, name) == 0)
+            return &fields[i];
+    }
+    return NULL;
+}
+
+static void dump_text(FILE *out, const char *s, size_t len) {
+    fputc('"', out);
+    for (size_t i = 0; i < len; i++) {
+        unsigned char ch = (unsigned char)s[i];
+        if (ch == '"' || ch == '\\')
+            fprintf(out, "\\%c", ch);
+        else if (ch == '\n')
+            fputs("\\n", out);
+        else if (ch == '\t')
+            fputs("\\t", out);
+        else if (ch < 0x20 || ch == 0x7f)
+            fprintf(out, "\\x%02x", ch);
+        else
+            fputc(ch, out);
+    }
+    fputc('"', out);
+}
+
+static void dump_fields(FILE *out, const char *label, const ces_field_t *fields, size_t count) {
+    fprintf(out, "%s: %zu\n", label, count);
+    for (size_t i = 0; i < count; i++) {
+        fprintf(out, "  ");
+        dump_text(out, fields[i].name, strlen(fields[i].name));
+        fputs(" = ", out);
+        if (fields[i].is_null)
+            fputs("NULL", out);
+        else
+            dump_text(out, fields[i].value, fields[i].value_len);
+        fputc('\n', out);
+    }
+}
+
+void ces_event_dump(const ces_event_t *ev, FILE *out) {
+    char lsn[23];
+    ces_lsn_format(ev->position.commit_lsn, lsn);
+    fprintf(out, "op: %s\n", ces_op_name(ev->op));
+    fprintf(out, "id: %s\n", ev->id ? ev->id : "(none)");
+    fprintf(out, "logicalid: %s\n", ev->logicalid ? ev->logicalid : "(none)");
+    fprintf(out, "time: %s\n", ev->time ? ev->time : "(none)");
+    fprintf(out, "position: %s #%llu\n", lsn, (unsigned long long)ev->position.sequence);
+    fprintf(out, "table: ");
+    dump_text(out, ev->db, strlen(ev->db));
+    fputc('.', out);
+    dump_text(out, ev->schema, strlen(ev->schema));
+    fputc('.', out);
+    dump_text(out, ev->table, strlen(ev->table));
+    fprintf(out, "\ncols: %zu\n", ev->ncols);
+    for (size_t i = 0; i < ev->ncols; i++) {
+        fputs("  ", out);
+        dump_text(out, ev->cols[i].name, strlen(ev->cols[i].name));
+        fprintf(out, " %s\n", ev->cols[i].type);
+    }
+    dump_fields(out, "pkkey", ev->pkkey, ev->npkkey);
+    dump_fields(out, "old", ev->old, ev->nold);
+    dump_fields(out, "current", ev->current, ev->ncurrent);
+}

@@ -1,0 +1,87 @@
+/*
+ * event: a decoded CES row change and the values it is made of.
+ *
+ * Every pointer in these structs refers to memory in the arena that the decoder was given; the
+ * event lives exactly as long as that arena.
+ */
+#ifndef CES_EVENT_H
+#define CES_EVENT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+/* A commit LSN "VLF:block:slot" as the number (VLF << 48) | (block << 16) | slot (CES.md §4). It is
+ * 80 bits wide, so it is kept as two words compared high first. */
+typedef struct {
+    uint32_t high; /* VLF */
+    uint64_t low;  /* (block << 16) | slot */
+} ces_lsn_t;
+
+/* The total order of row changes: (commit LSN, sequence number inside the transaction). */
+typedef struct {
+    ces_lsn_t commit_lsn;
+    uint64_t sequence;
+} ces_position_t;
+
+typedef enum {
+    CES_OP_INSERT = 1,
+    CES_OP_UPDATE = 2,
+    CES_OP_DELETE = 3,
+} ces_op_t;
+
+/* A column as announced in eventsource.cols: source name and SQL Server type text. */
+typedef struct {
+    const char *name;
+    const char *type; /* e.g. "nvarchar(50)", "datetime2(7)", "decimal(10,2)" */
+} ces_column_t;
+
+/* One named value of a row image or of pkkey. A column absent from the image is simply not in the
+ * array (unchanged); is_null means SQL NULL. */
+typedef struct {
+    const char *name;
+    const char *value; /* NUL-terminated text; NULL when is_null */
+    size_t value_len;
+    bool is_null;
+} ces_field_t;
+
+typedef struct {
+    ces_op_t op;
+    const char *id;
+    const char *logicalid;
+    const char *time; /* envelope commit time (UTC); may be NULL */
+    const char *db;
+    const char *schema;
+    const char *table;
+    ces_position_t position;
+    ces_column_t *cols;
+    size_t ncols;
+    ces_field_t *pkkey;
+    size_t npkkey;
+    ces_field_t *old;
+    size_t nold;
+    ces_field_t *current;
+    size_t ncurrent;
+} ces_event_t;
+
+/* Parses "VLF:block:slot" (1-8, 1-8 and 1-4 hex digits). Returns 0, or -1 when malformed. */
+int ces_lsn_parse(const char *text, size_t len, ces_lsn_t *lsn);
+/* Parses the 20 hex digits of a logicalid's LSN part (8 + 8 + 4, no separators). */
+int ces_lsn_parse_compact(const char *text, size_t len, ces_lsn_t *lsn);
+int ces_lsn_compare(ces_lsn_t a, ces_lsn_t b);
+/* Writes "VVVVVVVV:BBBBBBBB:SSSS" (22 characters and a NUL) into buf. */
+void ces_lsn_format(ces_lsn_t lsn, char buf[23]);
+
+int ces_position_compare(const ces_position_t *a, const ces_position_t *b);
+
+const char *ces_op_name(ces_op_t op);
+
+/* Returns the field named name (exact match), or NULL. */
+const ces_field_t *ces_fields_find(const ces_field_t *fields, size_t count, const char *name);
+
+/* Writes a stable, line-oriented text form of event (golden files, debugging). Values are printed
+ * with C-style escapes so that every byte is visible. */
+void ces_event_dump(const ces_event_t *event, FILE *out);
+
+#endif

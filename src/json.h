@@ -1,0 +1,68 @@
+/*
+ * json: a bounded JSON reader that builds a small tree in an arena.
+ *
+ * Built on yajl's callback parser (its tree parser leaks on some malformed input). Limits are
+ * checked while parsing, so hostile input cannot make the tree deeper or larger than allowed. yajl
+ * validates UTF-8 in strings; strings keep their length because JSON may escape NUL (\u0000).
+ */
+#ifndef CES_JSON_H
+#define CES_JSON_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "arena.h"
+
+typedef enum {
+    CES_JSON_NULL,
+    CES_JSON_BOOL,
+    CES_JSON_NUMBER, /* kept as its text */
+    CES_JSON_STRING,
+    CES_JSON_ARRAY,
+    CES_JSON_OBJECT,
+} ces_json_type_t;
+
+typedef struct ces_json_member_s ces_json_member_t;
+typedef struct ces_json_s ces_json_t;
+
+struct ces_json_s {
+    ces_json_type_t type;
+    bool boolean;
+    const char *text; /* STRING and NUMBER: NUL-terminated copy; may contain NULs, see text_len */
+    size_t text_len;
+    size_t count;               /* ARRAY items or OBJECT members */
+    ces_json_t *items;          /* ARRAY */
+    ces_json_member_t *members; /* OBJECT, in input order */
+};
+
+struct ces_json_member_s {
+    const char *key;
+    size_t key_len;
+    ces_json_t value;
+};
+
+typedef struct {
+    size_t max_depth;     /* containers nested deeper than this are rejected */
+    size_t max_container; /* members of one object / items of one array */
+} ces_json_limits_t;
+
+typedef struct ces_json_parser_s ces_json_parser_t;
+
+/* A parser keeps scratch buffers between parses. Owned by the caller; NULL when out of memory. */
+ces_json_parser_t *ces_json_parser_new(void);
+void ces_json_parser_destroy(ces_json_parser_t *parser);
+
+/*
+ * Parses text[0..len) into a tree whose every node and string is allocated from arena (owned by
+ * the arena). Returns the root, or NULL with a sentence in errstr (malformed JSON, limits).
+ */
+const ces_json_t *ces_json_parse(ces_json_parser_t *parser, ces_arena_t *arena, const char *text,
+                                 size_t len, const ces_json_limits_t *limits, char *errstr,
+                                 size_t errstr_size);
+
+/* Returns the first member named key of an OBJECT node, or NULL. */
+const ces_json_t *ces_json_get(const ces_json_t *object, const char *key);
+
+const char *ces_json_type_name(ces_json_type_t type);
+
+#endif

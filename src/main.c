@@ -1,0 +1,369 @@
+/*
+ * main: the command line, signals, and the wiring of the stages. The only place that decides exit
+ * codes: 0 clean stop or successful replay, 64 usage error, 78 configuration error, 1 anything else.
+ */
+#include <getopt.h>
+#include <libpq-fe.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "apply.h"
+#include "config.h"
+#include "consumer.h"
+#include "decode.h"
+#include "log.h"
+#include "pipeline.h"
+#include "replay.h"
+
+#ifndef CES2PG_VERSION
+#define CES2PG_VERSION "0.0.0"
+#endif
+
+#define EXIT_USAGE 64
+#define EXIT_CONFIG 78
+
+#define PROGRESS_INTERVAL_MS 10000
+
+static volatile sig_atomic_t stop_requested = 0;
+
+static void on_stop_signal(int sig) {
+    (void)sig;
+    stop_requested = 1;
+}
+
+static void install_signals(void) {
+    struct sigaction sa;
+    memset(&sa, 0, sizeof(sa));
+    sa.sa_handler = on_stop_signal;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGINT, &sa, NULL);
+    signal(SIGPIPE, SIG_IGN);
+}
+
+/* After the first stop signal, a second one ends the process at once (default action). */
+static void arm_second_signal(void) {
+    signal(SIGTERM, SIG_DFL);
+    signal(SIGINT, SIG_DFL);
+}
+
+static void usage(FILE *out) {
+    fprintf(out,
+            "ces2pg %s: replicate SQL Server Change Event Streaming (CES) events from Kafka or\n"
+            "Azure Event Hubs into PostgreSQL, exactly once.\n"
+            "\n"
+            "Usage:\n"
+            "  ces2pg -c FILE                 run the daemon in the foreground (logs to stderr)\n"
+            "  ces2pg --check-config -c FILE  validate the configuration and exit\n"
+            "  ces2pg replay -c FILE PATH...  apply records from files instead of Kafka: one record\n"
+            "                                 per line, '{' starts a JSON record, any other line is\n"
+            "                                 the base64 of a binary (Avro) record; PATH - is stdin\n"
+            "  ces2pg --version | --help\n"
+            "\n"
+            "Options:\n"
+            "  -c, --config FILE   configuration file (libconfig syntax; see conf/ces2pg.conf)\n"
+            "      --check-config  validate FILE, print the effective settings, exit\n"
+            "  -V, --version       print the version\n"
+            "  -h, --help          print this help\n"
+            "\n"
+            "Exit status: 0 clean stop (SIGTERM/SIGINT) or successful replay, 64 usage error,\n"
+            "78 configuration error, 1 any other fatal error.\n",
+            CES2PG_VERSION);
+}
+
+static void fill_decode_limits(const ces_config_t *c, ces_decode_limits_t *l) {
+    l->max_record_bytes = (size_t)c->decode_max_record_bytes;
+    l->max_event_bytes = (size_t)c->decode_max_event_bytes;
+    l->max_depth = (size_t)c->decode_max_depth;
+    l->max_columns = (size_t)c->decode_max_columns;
+    l->max_value_bytes = (size_t)c->decode_max_value_bytes;
+}
+
+static void fill_pipeline_options(const ces_config_t *c, bool store_offsets,
+                                  ces_pipeline_options_t *o) {
+    memset(o, 0, sizeof(*o));
+    o->batch_max_events = (size_t)c->apply_batch_max_events;
+    o->batch_max_ms = c->apply_batch_max_ms;
+    o->store_offsets = store_offsets;
+    o->reasm.max_bytes = (size_t)c->reassembly_max_bytes;
+    o->reasm.max_segments = (size_t)c->reassembly_max_segments;
+    o->reasm.timeout_ms = c->reassembly_timeout_ms;
+}
+
+static ces_apply_t *make_apply(const ces_config_t *c) {
+    ces_apply_options_t o = {
+        .conninfo = c->pg_conninfo,
+        .metadata_schema = c->schema_metadata,
+        .group_id = c->kafka_group_id,
+        .auto_create = c->schema_auto_create,
+        .auto_evolve = c->schema_auto_evolve,
+        .retry_max_ms = c->pg_retry_max_ms,
+        .stop_now = &stop_requested,
+    };
+    return ces_apply_new(&o);
+}
+
+/* Loads the configuration and sets the log level; prints the error and returns NULL if invalid. */
+static ces_config_t *load_config(const char *path, ces_config_mode_t mode) {
+    ces_config_t *config = NULL;
+    char err[1024];
+    if (ces_config_load(path, mode, &config, err, sizeof(err)) != CES_CONFIG_OK) {
+        fprintf(stderr, "ces2pg: %s\n", err);
+        return NULL;
+    }
+    PQconninfoOption *opts = PQconninfoParse(config->pg_conninfo, NULL);
+    if (opts == NULL) {
+        /* libpq's message may quote the string, which may hold a password: say less. */
+        fprintf(stderr, "ces2pg: %s: postgres.conninfo is not a valid libpq connection string\n",
+                path);
+        ces_config_destroy(config);
+        return NULL;
+    }
+    PQconninfoFree(opts);
+    ces_log_level_t level;
+    if (ces_log_level_parse(config->log_level, &level) == 0)
+        ces_log_set_level(level);
+    return config;
+}
+
+static int check_config(const char *path) {
+    ces_config_t *config = load_config(path, CES_CONFIG_DAEMON);
+    if (config == NULL)
+        return EXIT_CONFIG;
+    char err[1024];
+    if (ces_consumer_check_config(config, err, sizeof(err)) != CES_CONSUMER_OK) {
+        fprintf(stderr, "ces2pg: %s\n", err);
+        ces_config_destroy(config);
+        return EXIT_CONFIG;
+    }
+    printf("%s: configuration is valid\n", path);
+    ces_config_print(config, stdout);
+    ces_config_destroy(config);
+    return 0;
+}
+
+static int run_replay(const char *path, char *const *files, size_t nfiles) {
+    int rc = 1;
+    ces_config_t *config = load_config(path, CES_CONFIG_REPLAY);
+    if (config == NULL)
+        return EXIT_CONFIG;
+    ces_decode_limits_t limits;
+    fill_decode_limits(config, &limits);
+    ces_pipeline_options_t popts;
+    fill_pipeline_options(config, false, &popts);
+    ces_decoder_t *decoder = ces_decoder_new(&limits);
+    ces_apply_t *apply = make_apply(config);
+    ces_pipeline_t *pipeline = NULL;
+    char err[1024];
+    if (decoder == NULL || apply == NULL ||
+        (pipeline = ces_pipeline_new(&popts, decoder, apply)) == NULL) {
+        fprintf(stderr, "ces2pg: out of memory\n");
+        goto done;
+    }
+    ces_apply_status_t ast = ces_apply_start(apply, err, sizeof(err));
+    if (ast != CES_APPLY_OK) {
+        fprintf(stderr, "ces2pg: %s\n", err);
+        rc = ast == CES_APPLY_INTERRUPTED ? 0 : 1;
+        goto done;
+    }
+    ces_replay_status_t st = ces_replay_files(pipeline, files, nfiles, &stop_requested, err,
+                                              sizeof(err));
+    ces_pipeline_stats_t stats;
+    ces_pipeline_get_stats(pipeline, &stats);
+    printf("replay: records=%llu applied=%llu dead_letters=%llu\n",
+           (unsigned long long)stats.records, (unsigned long long)stats.events_applied,
+           (unsigned long long)stats.dead_letters);
+    fflush(stdout);
+    switch (st) {
+    case CES_REPLAY_OK: rc = 0; break;
+    case CES_REPLAY_INTERRUPTED:
+        fprintf(stderr, "ces2pg: replay stopped by a signal before the end of its input\n");
+        rc = 1;
+        break;
+    case CES_REPLAY_IO:
+    case CES_REPLAY_FATAL:
+        fprintf(stderr, "ces2pg: replay: %s\n", err);
+        rc = 1;
+        break;
+    }
+done:
+    ces_pipeline_destroy(pipeline);
+    ces_apply_destroy(apply);
+    ces_decoder_destroy(decoder);
+    ces_config_destroy(config);
+    return rc;
+}
+
+static void log_progress(const ces_pipeline_stats_t *now, const ces_pipeline_stats_t *before,
+                         int64_t elapsed_ms) {
+    double secs = elapsed_ms > 0 ? (double)elapsed_ms / 1000.0 : 1.0;
+    ces_log_info("progress: %.0f records/s, %llu records, %llu events applied, %llu dead letters, "
+                 "%llu retries",
+                 (double)(now->records - before->records) / secs,
+                 (unsigned long long)now->records, (unsigned long long)now->events_applied,
+                 (unsigned long long)now->dead_letters, (unsigned long long)now->retries);
+}
+
+static int run_daemon(const char *path) {
+    int rc = 1;
+    ces_config_t *config = load_config(path, CES_CONFIG_DAEMON);
+    if (config == NULL)
+        return EXIT_CONFIG;
+    ces_decode_limits_t limits;
+    fill_decode_limits(config, &limits);
+    ces_pipeline_options_t popts;
+    fill_pipeline_options(config, true, &popts);
+    ces_decoder_t *decoder = ces_decoder_new(&limits);
+    ces_apply_t *apply = make_apply(config);
+    ces_pipeline_t *pipeline = NULL;
+    ces_consumer_t *consumer = NULL;
+    char err[1024];
+    if (decoder == NULL || apply == NULL ||
+        (pipeline = ces_pipeline_new(&popts, decoder, apply)) == NULL) {
+        ces_log_error("out of memory");
+        goto done;
+    }
+    ces_log_info("ces2pg %s starting with %s", CES2PG_VERSION, path);
+    ces_apply_status_t ast = ces_apply_start(apply, err, sizeof(err));
+    if (ast != CES_APPLY_OK) {
+        if (ast == CES_APPLY_INTERRUPTED) {
+            rc = 0;
+        } else {
+            ces_log_error("%s", err);
+        }
+        goto done;
+    }
+    ces_consumer_callbacks_t callbacks = {
+        .assigned = ces_pipeline_on_assigned,
+        .revoked = ces_pipeline_on_revoked,
+        .opaque = pipeline,
+    };
+    ces_consumer_status_t cst = ces_consumer_new(config, &callbacks, &consumer, err, sizeof(err));
+    if (cst != CES_CONSUMER_OK) {
+        ces_log_error("%s", err);
+        rc = cst == CES_CONSUMER_CONFIG ? EXIT_CONFIG : 1;
+        goto done;
+    }
+    ces_pipeline_set_consumer(pipeline, consumer);
+
+    int poll_ms = (int)config->kafka_poll_ms;
+    int64_t last_progress = ces_now_ms();
+    ces_pipeline_stats_t progress_base;
+    ces_pipeline_get_stats(pipeline, &progress_base);
+    ces_pipeline_status_t pst = CES_PIPELINE_OK;
+    while (!stop_requested) {
+        int64_t now = ces_now_ms();
+        if ((pst = ces_pipeline_tick(pipeline, now, err, sizeof(err))) != CES_PIPELINE_OK)
+            break;
+        if (ces_pipeline_due(pipeline, now) &&
+            (pst = ces_pipeline_flush(pipeline, err, sizeof(err))) != CES_PIPELINE_OK)
+            break;
+        ces_record_t rec;
+        ces_poll_status_t ps = ces_consumer_poll(consumer, ces_pipeline_wait_ms(pipeline, now, poll_ms),
+                                                 &rec, err, sizeof(err));
+        if (ps == CES_POLL_FATAL) {
+            pst = CES_PIPELINE_FATAL;
+            break;
+        }
+        if (ps == CES_POLL_RECORD) {
+            if ((pst = ces_pipeline_add(pipeline, &rec, ces_now_ms(), err, sizeof(err))) !=
+                CES_PIPELINE_OK)
+                break;
+        } else if (ces_pipeline_pending(pipeline)) {
+            /* Nothing more arrived right now: apply what we have instead of waiting. */
+            if ((pst = ces_pipeline_flush(pipeline, err, sizeof(err))) != CES_PIPELINE_OK)
+                break;
+        }
+        now = ces_now_ms();
+        if (now - last_progress >= PROGRESS_INTERVAL_MS) {
+            ces_pipeline_stats_t stats;
+            ces_pipeline_get_stats(pipeline, &stats);
+            if (stats.records != progress_base.records)
+                log_progress(&stats, &progress_base, now - last_progress);
+            progress_base = stats;
+            last_progress = now;
+        }
+    }
+    if (stop_requested) {
+        arm_second_signal();
+        ces_log_info("stopping: applying what is complete, then leaving the consumer group");
+        if (pst == CES_PIPELINE_OK)
+            pst = ces_pipeline_flush(pipeline, err, sizeof(err));
+        if (pst == CES_PIPELINE_INTERRUPTED) {
+            ces_log_warning("the last batch was rolled back; it will be read again after restart");
+            pst = CES_PIPELINE_OK;
+        }
+    }
+    if (pst == CES_PIPELINE_FATAL) {
+        ces_log_error("%s", err);
+        rc = 1;
+    } else {
+        rc = 0;
+    }
+done:
+    ces_consumer_destroy(consumer);
+    if (pipeline != NULL) {
+        ces_pipeline_stats_t stats;
+        ces_pipeline_get_stats(pipeline, &stats);
+        ces_log_info("stopped: %llu records, %llu events applied, %llu dead letters",
+                     (unsigned long long)stats.records, (unsigned long long)stats.events_applied,
+                     (unsigned long long)stats.dead_letters);
+    }
+    ces_pipeline_destroy(pipeline);
+    ces_apply_destroy(apply);
+    ces_decoder_destroy(decoder);
+    ces_config_destroy(config);
+    return rc;
+}
+
+int main(int argc, char **argv) {
+    enum { OPT_CHECK_CONFIG = 1000 };
+    static const struct option options[] = {
+        {"config", required_argument, NULL, 'c'},
+        {"check-config", no_argument, NULL, OPT_CHECK_CONFIG},
+        {"version", no_argument, NULL, 'V'},
+        {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0},
+    };
+    const char *config_path = NULL;
+    bool check = false;
+    int opt;
+    while ((opt = getopt_long(argc, argv, "c:Vh", options, NULL)) != -1) {
+        switch (opt) {
+        case 'c': config_path = optarg; break;
+        case OPT_CHECK_CONFIG: check = true; break;
+        case 'V': printf("ces2pg %s\n", CES2PG_VERSION); return 0;
+        case 'h': usage(stdout); return 0;
+        default:
+            fprintf(stderr, "Try 'ces2pg --help'.\n");
+            return EXIT_USAGE;
+        }
+    }
+    bool replay = optind < argc && strcmp(argv[optind], "replay") == 0;
+    if (replay)
+        optind++;
+    if (config_path == NULL) {
+        fprintf(stderr, "ces2pg: a configuration file is required (-c FILE)\nTry 'ces2pg --help'.\n");
+        return EXIT_USAGE;
+    }
+    if (replay && check) {
+        fprintf(stderr, "ces2pg: --check-config does not go with replay\n");
+        return EXIT_USAGE;
+    }
+    if (replay && optind >= argc) {
+        fprintf(stderr, "ces2pg: replay needs at least one PATH\nTry 'ces2pg --help'.\n");
+        return EXIT_USAGE;
+    }
+    if (!replay && optind < argc) {
+        fprintf(stderr, "ces2pg: unexpected argument '%s'\nTry 'ces2pg --help'.\n", argv[optind]);
+        return EXIT_USAGE;
+    }
+    if (check)
+        return check_config(config_path);
+    install_signals();
+    if (replay)
+        return run_replay(config_path, argv + optind, (size_t)(argc - optind));
+    return run_daemon(config_path);
+}

@@ -1,0 +1,29 @@
+/*
+ * map: a string-keyed hash table (open addressing, linear probing).
+ *
+ * Used for the table and statement caches, which only grow; there is no removal.
+ */
+#ifndef CES_MAP_H
+#define CES_MAP_H
+
+#include <stddef.h>
+
+typedef struct ces_map_s ces_map_t;
+
+/* Returns an empty map, or NULL when out of memory. Owned by the caller. */
+ces_map_t *ces_map_new(void);
+/* Frees the map and its key copies; values are the caller's (free them first with ces_map_each). */
+void ces_map_destroy(ces_map_t *map);
+
+/* Returns the value stored under key[0..len), or NULL. */
+void *ces_map_get(const ces_map_t *map, const char *key, size_t len);
+/* Stores value under a copy of key[0..len), replacing any previous value. Returns 0, or -1 when out
+ * of memory. */
+int ces_map_put(ces_map_t *map, const char *key, size_t len, void *value);
+size_t ces_map_count(const ces_map_t *map);
+/* Calls fn on every value. */
+void ces_map_each(ces_map_t *map, void (*fn)(void *value, void *arg), void *arg);
+/* Removes every entry (fn, if given, is called on each value first). */
+void ces_map_clear(ces_map_t *map, void (*fn)(void *value, void *arg), void *arg);
+
+#endif

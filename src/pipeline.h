@@ -1,0 +1,90 @@
+/*
+ * pipeline: record -> decode -> reassemble -> batch -> apply -> positions.
+ *
+ * The daemon feeds it records from the consumer, replay feeds it lines from files; both go through
+ * exactly this code. It owns the in-memory state that the offset rules depend on: per partition, the
+ * position PostgreSQL holds (the fence) and the next record not yet read, held back by segments that
+ * wait for reassembly, so that a stored position never passes a record not yet applied or
+ * dead-lettered.
+ */
+#ifndef CES_PIPELINE_H
+#define CES_PIPELINE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "apply.h"
+#include "consumer.h"
+#include "decode.h"
+#include "reasm.h"
+
+typedef struct {
+    size_t batch_max_events;
+    int64_t batch_max_ms;
+    bool store_offsets; /* false for replay: positions of files are not stored */
+    ces_reasm_limits_t reasm;
+} ces_pipeline_options_t;
+
+typedef struct {
+    uint64_t records;
+    uint64_t events_applied;
+    uint64_t dead_letters;
+    uint64_t retries;
+    uint64_t batches;
+} ces_pipeline_stats_t;
+
+typedef enum {
+    CES_PIPELINE_OK = 0,
+    CES_PIPELINE_INTERRUPTED, /* a stop was requested while PostgreSQL was retried */
+    CES_PIPELINE_FATAL,
+} ces_pipeline_status_t;
+
+typedef struct ces_pipeline_s ces_pipeline_t;
+
+/* decoder and apply are references: they must outlive the pipeline. NULL when out of memory. */
+ces_pipeline_t *ces_pipeline_new(const ces_pipeline_options_t *options, ces_decoder_t *decoder,
+                                 ces_apply_t *apply);
+/* Frees pending work without applying it (released records are read again after a restart). */
+void ces_pipeline_destroy(ces_pipeline_t *pipeline);
+
+/* The consumer to store positions to and seek (reference; NULL for replay). */
+void ces_pipeline_set_consumer(ces_pipeline_t *pipeline, ces_consumer_t *consumer);
+
+/*
+ * Takes one record. With a handle, the pipeline owns the handle from now on and releases it through
+ * the consumer; without one, the bytes are copied.
+ */
+ces_pipeline_status_t ces_pipeline_add(ces_pipeline_t *pipeline, const ces_record_t *record,
+                                       int64_t now_ms, char *errstr, size_t errstr_size);
+
+/* Gives up segment groups that timed out (they become dead letters in the batch). */
+ces_pipeline_status_t ces_pipeline_tick(ces_pipeline_t *pipeline, int64_t now_ms, char *errstr,
+                                        size_t errstr_size);
+
+/* True when the batch is full or old enough to apply. */
+bool ces_pipeline_due(const ces_pipeline_t *pipeline, int64_t now_ms);
+/* True when something waits to be applied or stored. */
+bool ces_pipeline_pending(const ces_pipeline_t *pipeline);
+/* Milliseconds until the batch is due, at most max_ms. */
+int ces_pipeline_wait_ms(const ces_pipeline_t *pipeline, int64_t now_ms, int max_ms);
+
+/* Applies the batch and stores the positions it covers, in one PostgreSQL transaction. */
+ces_pipeline_status_t ces_pipeline_flush(ces_pipeline_t *pipeline, char *errstr,
+                                         size_t errstr_size);
+
+/* Segments held for reassembly become dead letters (end of a replay: nothing more will come). */
+ces_pipeline_status_t ces_pipeline_give_up_segments(ces_pipeline_t *pipeline, char *errstr,
+                                                    size_t errstr_size);
+
+/* Consumer callbacks (ces_consumer_callbacks_t); opaque is the pipeline. */
+int ces_pipeline_on_assigned(void *opaque, const char *topic, const int32_t *partitions, size_t n,
+                             int64_t *offsets);
+int ces_pipeline_on_revoked(void *opaque, const char *topic, const int32_t *partitions, size_t n);
+
+void ces_pipeline_get_stats(const ces_pipeline_t *pipeline, ces_pipeline_stats_t *stats);
+
+/* Monotonic milliseconds. */
+int64_t ces_now_ms(void);
+
+#endif

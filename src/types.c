@@ -1,0 +1,137 @@
+#include "types.h"
+
+#include <ctype.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Splits "name(a,b)" into a lower-cased name and up to two numeric arguments; "max" is -1. */
+static int parse_type(const char *text, char *name, size_t name_size, long args[2], int *nargs) {
+    size_t n = 0;
+    const char *p = text;
+    while (*p == ' ')
+        p++;
+    while (*p && *p != '(' && *p != ' ') {
+        if (n + 1 >= name_size)
+            return -1;
+        name[n++] = (char)tolower((unsigned char)*p++);
+    }
+    name[n] = '\0';
+    while (*p == ' ')
+        p++;
+    *nargs = 0;
+    if (*p != '(')
+        return *p == '\0' ? 0 : -1;
+    p++;
+    while (*nargs < 2) {
+        while (*p == ' ')
+            p++;
+        if (strncasecmp(p, "max", 3) == 0) {
+            args[(*nargs)++] = -1;
+            p += 3;
+        } else {
+            char *end;
+            long v = strtol(p, &end, 10);
+            if (end == p || v < 0 || v > 1000000)
+                return -1;
+            args[(*nargs)++] = v;
+            p = end;
+        }
+        while (*p == ' ')
+            p++;
+        if (*p == ',') {
+            p++;
+            continue;
+        }
+        break;
+    }
+    return *p == ')' ? 0 : -1;
+}
+
+static long cap6(long n) { return n > 6 ? 6 : n; }
+
+bool ces_types_map(const char *sqlserver_type, char *buf, size_t size) {
+    char name[32];
+    long a[2] = {0, 0};
+    int nargs = 0;
+    if (parse_type(sqlserver_type, name, sizeof(name), a, &nargs) != 0)
+        goto unknown;
+
+    if (strcmp(name, "bit") == 0)
+        snprintf(buf, size, "boolean");
+    else if (strcmp(name, "tinyint") == 0 || strcmp(name, "smallint") == 0)
+        snprintf(buf, size, "smallint");
+    else if (strcmp(name, "int") == 0)
+        snprintf(buf, size, "integer");
+    else if (strcmp(name, "bigint") == 0)
+        snprintf(buf, size, "bigint");
+    else if (strcmp(name, "decimal") == 0 || strcmp(name, "numeric") == 0) {
+        /* SQL Server's default precision is 18, scale 0. */
+        long p = nargs >= 1 && a[0] > 0 ? a[0] : 18, s = nargs >= 2 ? a[1] : 0;
+        if (p > 1000 || s > p)
+            goto unknown;
+        snprintf(buf, size, "numeric(%ld,%ld)", p, s);
+    } else if (strcmp(name, "money") == 0)
+        snprintf(buf, size, "numeric(19,4)");
+    else if (strcmp(name, "smallmoney") == 0)
+        snprintf(buf, size, "numeric(10,4)");
+    else if (strcmp(name, "real") == 0)
+        snprintf(buf, size, "real");
+    else if (strcmp(name, "float") == 0)
+        snprintf(buf, size, nargs >= 1 && a[0] >= 1 && a[0] <= 24 ? "real" : "double precision");
+    else if (strcmp(name, "date") == 0)
+        snprintf(buf, size, "date");
+    else if (strcmp(name, "time") == 0)
+        snprintf(buf, size, "time(%ld)", nargs >= 1 ? cap6(a[0]) : 6);
+    else if (strcmp(name, "datetime") == 0)
+        snprintf(buf, size, "timestamp(3)");
+    else if (strcmp(name, "smalldatetime") == 0)
+        snprintf(buf, size, "timestamp(0)");
+    else if (strcmp(name, "datetime2") == 0)
+        snprintf(buf, size, "timestamp(%ld)", nargs >= 1 ? cap6(a[0]) : 6);
+    else if (strcmp(name, "datetimeoffset") == 0)
+        snprintf(buf, size, "timestamptz(%ld)", nargs >= 1 ? cap6(a[0]) : 6);
+    else if (strcmp(name, "char") == 0 || strcmp(name, "nchar") == 0)
+        snprintf(buf, size, "char(%ld)", nargs >= 1 && a[0] > 0 ? a[0] : 1);
+    else if (strcmp(name, "varchar") == 0 || strcmp(name, "nvarchar") == 0) {
+        if (nargs >= 1 && a[0] == -1)
+            snprintf(buf, size, "text");
+        else
+            snprintf(buf, size, "varchar(%ld)", nargs >= 1 && a[0] > 0 ? a[0] : 1);
+    } else if (strcmp(name, "binary") == 0 || strcmp(name, "varbinary") == 0)
+        snprintf(buf, size, "bytea");
+    else if (strcmp(name, "uniqueidentifier") == 0)
+        snprintf(buf, size, "uuid");
+    else
+        goto unknown;
+    return true;
+unknown:
+    snprintf(buf, size, "text");
+    return false;
+}
+
+ces_conv_t ces_types_conversion(const char *pg_type) {
+    if (strcmp(pg_type, "bytea") == 0)
+        return CES_CONV_BYTEA;
+    return CES_CONV_NONE;
+}
+
+const char *ces_types_convert(ces_conv_t conv, const char *value, size_t len, ces_arena_t *arena,
+                              size_t *out_len) {
+    *out_len = len;
+    switch (conv) {
+    case CES_CONV_NONE:
+        return value;
+    case CES_CONV_BYTEA:
+        if (len >= 2 && value[0] == '0' && (value[1] == 'x' || value[1] == 'X')) {
+            char *copy = ces_arena_strndup(arena, value, len);
+            if (copy == NULL)
+                return NULL;
+            copy[0] = '\\';
+            copy[1] = 'x';
+            return copy;
+        }
+        return value;
+    }
+    return value;
+}

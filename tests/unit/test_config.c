@@ -1,0 +1,137 @@
+/* The configuration file: every error names the file, the line and the key. */
+#include "test_util.h"
+
+#include <unistd.h>
+
+#include "config.h"
+
+static char path[64];
+
+static void write_config(const char *text) {
+    strcpy(path, "/tmp/ces2pg-test-XXXXXX");
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    assert_int_equal(write(fd, text, strlen(text)), (ssize_t)strlen(text));
+    close(fd);
+}
+
+static const char *valid =
+    "kafka = {\n"
+    "  brokers = \"127.0.0.1:9092\";\n"
+    "  topics = [ \"ces\", \"ces2\" ];\n"
+    "  group_id = \"g1\";\n"
+    "  properties = [ \"fetch.wait.max.ms=50\", \"sasl.password=hunter2\" ];\n"
+    "};\n"
+    "postgres = { conninfo = \"host=localhost dbname=x\"; };\n"
+    "apply = { batch_max_events = 10; };\n"
+    "schema = { auto_create = false; };\n";
+
+static void loads_valid_file_with_defaults(void **state) {
+    (void)state;
+    write_config(valid);
+    ces_config_t *c = NULL;
+    char err[512];
+    assert_int_equal(ces_config_load(path, CES_CONFIG_DAEMON, &c, err, sizeof(err)),
+                     CES_CONFIG_OK);
+    assert_string_equal(c->kafka_brokers, "127.0.0.1:9092");
+    assert_int_equal(c->kafka_topics.count, 2);
+    assert_string_equal(c->kafka_topics.items[1], "ces2");
+    assert_string_equal(c->kafka_group_id, "g1");
+    assert_int_equal(c->kafka_properties.count, 2);
+    assert_int_equal(c->kafka_properties.lines[0], 5);
+    assert_int_equal(c->apply_batch_max_events, 10);
+    assert_int_equal(c->apply_batch_max_ms, 100); /* default */
+    assert_false(c->schema_auto_create);
+    assert_true(c->schema_auto_evolve);
+    assert_string_equal(c->schema_metadata, "ces2pg");
+    assert_string_equal(c->log_level, "info");
+
+    /* Effective settings are printed without secrets. */
+    char *text = NULL;
+    size_t len = 0;
+    FILE *mem = open_memstream(&text, &len);
+    ces_config_print(c, mem);
+    fclose(mem);
+    assert_null(strstr(text, "hunter2"));
+    assert_null(strstr(text, "dbname=x"));
+    assert_non_null(strstr(text, "sasl.password=(secret)"));
+    assert_non_null(strstr(text, "fetch.wait.max.ms=50"));
+    free(text);
+    ces_config_destroy(c);
+    unlink(path);
+}
+
+/* Loads text and expects an error mentioning every needle (with the path prefixed to the first). */
+static void expect_error(const char *text, ces_config_mode_t mode, const char *where,
+                         const char *what) {
+    write_config(text);
+    ces_config_t *c = (ces_config_t *)1;
+    char err[512];
+    assert_int_equal(ces_config_load(path, mode, &c, err, sizeof(err)), CES_CONFIG_ERROR);
+    assert_null(c);
+    char prefix[128];
+    snprintf(prefix, sizeof(prefix), "%s:%s", path, where);
+    if (strncmp(err, prefix, strlen(prefix)) != 0 || strstr(err, what) == NULL)
+        fail_msg("error '%s' should start with '%s' and mention '%s'", err, prefix, what);
+    unlink(path);
+}
+
+static void errors_name_file_line_and_key(void **state) {
+    (void)state;
+    expect_error("kafka = {\n brokerz = \"x\";\n};\n", CES_CONFIG_DAEMON, "2:",
+                 "unknown key 'kafka.brokerz'");
+    expect_error("kafka = { brokers = \"x\"; topics = [\"t\"]; };\nfoo = { bar = 1; };\n"
+                 "postgres = { conninfo = \"\"; };\n",
+                 CES_CONFIG_DAEMON, "2:", "unknown key 'foo'");
+    expect_error("kafka = { brokers = \"x\";\n topics = \"ces\"; };\npostgres = { conninfo = \"\"; };\n",
+                 CES_CONFIG_DAEMON, "2:", "kafka.topics must be a list of strings");
+    expect_error("kafka = { brokers = \"x\"; topics = [\"t\"]; };\n", CES_CONFIG_DAEMON, "1:",
+                 "missing required key 'postgres.conninfo'");
+    expect_error("postgres = { conninfo = \"\"; };\n", CES_CONFIG_DAEMON, "1:",
+                 "missing required key 'kafka.brokers'");
+    expect_error("kafka = { brokers = \"x\"; topics = [\"t\"]; };\npostgres = { conninfo = \"\"; };\n"
+                 "apply = {\n batch_max_events = 0; };\n",
+                 CES_CONFIG_DAEMON, "4:", "apply.batch_max_events = 0 is out of range");
+    expect_error("kafka = { brokers = \"x\"; topics = [\"t\"];\n properties = [\"novalue\"]; };\n"
+                 "postgres = { conninfo = \"\"; };\n",
+                 CES_CONFIG_DAEMON, "2:", "'novalue' is not of the form name=value");
+    expect_error("kafka = { brokers = \"x\"; topics = [\"t\"]; };\npostgres = { conninfo = \"\"; };\n"
+                 "log = { level = \"loud\"; };\n",
+                 CES_CONFIG_DAEMON, "3:", "log.level must be one of");
+    expect_error("kafka = { brokers = ; };\n", CES_CONFIG_DAEMON, "1:",
+                 "syntax error");
+    expect_error("kafka = \"x\";\n", CES_CONFIG_DAEMON, "1:", "'kafka' must be a group");
+}
+
+static void replay_needs_no_kafka(void **state) {
+    (void)state;
+    write_config("postgres = { conninfo = \"dbname=x\"; };\n");
+    ces_config_t *c = NULL;
+    char err[512];
+    assert_int_equal(ces_config_load(path, CES_CONFIG_REPLAY, &c, err, sizeof(err)),
+                     CES_CONFIG_OK);
+    ces_config_destroy(c);
+    assert_int_equal(ces_config_load(path, CES_CONFIG_DAEMON, &c, err, sizeof(err)),
+                     CES_CONFIG_ERROR);
+    unlink(path);
+}
+
+static void missing_file(void **state) {
+    (void)state;
+    ces_config_t *c = NULL;
+    char err[512];
+    assert_int_equal(ces_config_load("/nonexistent/ces2pg.conf", CES_CONFIG_DAEMON, &c, err,
+                                     sizeof(err)),
+                     CES_CONFIG_ERROR);
+    assert_non_null(strstr(err, "/nonexistent/ces2pg.conf"));
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(loads_valid_file_with_defaults),
+        cmocka_unit_test(errors_name_file_line_and_key),
+        cmocka_unit_test(replay_needs_no_kafka),
+        cmocka_unit_test(missing_file),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

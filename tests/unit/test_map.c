@@ -1,0 +1,32 @@
+#include "test_util.h"
+
+#include "map.h"
+
+static void put_get_grow(void **state) {
+    (void)state;
+    ces_map_t *m = ces_map_new();
+    assert_non_null(m);
+    char key[32];
+    for (uintptr_t i = 1; i <= 5000; i++) {
+        int n = snprintf(key, sizeof(key), "key-%lu", (unsigned long)i);
+        assert_int_equal(ces_map_put(m, key, (size_t)n, (void *)i), 0);
+    }
+    assert_int_equal(ces_map_count(m), 5000);
+    for (uintptr_t i = 1; i <= 5000; i++) {
+        int n = snprintf(key, sizeof(key), "key-%lu", (unsigned long)i);
+        assert_true((uintptr_t)ces_map_get(m, key, (size_t)n) == i);
+    }
+    assert_null(ces_map_get(m, "key-0", 5));
+    /* Keys are bytes with a length: a prefix is another key. */
+    assert_null(ces_map_get(m, "key-1", 4));
+    assert_int_equal(ces_map_put(m, "key-1", 5, (void *)7), 0);
+    assert_true((uintptr_t)ces_map_get(m, "key-1", 5) == 7);
+    assert_int_equal(ces_map_count(m), 5000);
+    ces_map_destroy(m);
+    ces_map_destroy(NULL);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {cmocka_unit_test(put_get_grow)};
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,84 @@
+/* The SQL Server -> PostgreSQL type map of DESIGN.md, and value conversions. */
+#include "test_util.h"
+
+#include "types.h"
+
+static void maps_every_documented_type(void **state) {
+    (void)state;
+    static const char *cases[][2] = {
+        {"bit", "boolean"},
+        {"tinyint", "smallint"},
+        {"smallint", "smallint"},
+        {"int", "integer"},
+        {"bigint", "bigint"},
+        {"decimal(10,2)", "numeric(10,2)"},
+        {"numeric(38, 10)", "numeric(38,10)"},
+        {"decimal", "numeric(18,0)"},
+        {"money", "numeric(19,4)"},
+        {"smallmoney", "numeric(10,4)"},
+        {"real", "real"},
+        {"float(24)", "real"},
+        {"float(53)", "double precision"},
+        {"float", "double precision"},
+        {"date", "date"},
+        {"time(7)", "time(6)"},
+        {"time(3)", "time(3)"},
+        {"datetime", "timestamp(3)"},
+        {"smalldatetime", "timestamp(0)"},
+        {"datetime2(7)", "timestamp(6)"},
+        {"datetime2(2)", "timestamp(2)"},
+        {"datetimeoffset(7)", "timestamptz(6)"},
+        {"char(10)", "char(10)"},
+        {"nchar(3)", "char(3)"},
+        {"varchar(100)", "varchar(100)"},
+        {"nvarchar(50)", "varchar(50)"},
+        {"nvarchar(max)", "text"},
+        {"varchar(MAX)", "text"},
+        {"binary(16)", "bytea"},
+        {"varbinary(max)", "bytea"},
+        {"uniqueidentifier", "uuid"},
+        {"INT", "integer"},
+        {"NVarChar(20)", "varchar(20)"},
+    };
+    char buf[64];
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        bool known = ces_types_map(cases[i][0], buf, sizeof(buf));
+        if (!known || strcmp(buf, cases[i][1]) != 0)
+            fail_msg("%s mapped to %s (known=%d), expected %s", cases[i][0], buf, known,
+                     cases[i][1]);
+    }
+}
+
+static void unknown_types_become_text(void **state) {
+    (void)state;
+    static const char *unknown[] = {"sql_variant", "xml", "geography", "decimal(10", "int)",
+                                    "decimal(5,9)", "", "nvarchar(abc)"};
+    char buf[64];
+    for (size_t i = 0; i < sizeof(unknown) / sizeof(unknown[0]); i++) {
+        assert_false(ces_types_map(unknown[i], buf, sizeof(buf)));
+        assert_string_equal(buf, "text");
+    }
+}
+
+static void bytea_hex(void **state) {
+    (void)state;
+    ces_arena_t *arena = ces_arena_new();
+    size_t len;
+    assert_int_equal(ces_types_conversion("bytea"), CES_CONV_BYTEA);
+    assert_int_equal(ces_types_conversion("integer"), CES_CONV_NONE);
+    const char *v = ces_types_convert(CES_CONV_BYTEA, "0xDEADBEEF", 10, arena, &len);
+    assert_string_equal(v, "\\xDEADBEEF");
+    assert_int_equal(len, 10);
+    v = ces_types_convert(CES_CONV_NONE, "42", 2, arena, &len);
+    assert_string_equal(v, "42");
+    ces_arena_destroy(arena);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(maps_every_documented_type),
+        cmocka_unit_test(unknown_types_become_text),
+        cmocka_unit_test(bytea_hex),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
