@@ -293,7 +293,14 @@ ces_poll_status_t ces_consumer_poll(ces_consumer_t *c, int timeout_ms, ces_recor
             rd_kafka_message_destroy(m);
             return CES_POLL_FATAL;
         }
-        if (err != RD_KAFKA_RESP_ERR__PARTITION_EOF)
+        if (err == RD_KAFKA_RESP_ERR__AUTO_OFFSET_RESET)
+            /* The position to resume from is gone (retention, or a recreated topic): events between
+             * it and where auto.offset.reset lands were never applied. Say so loudly; setting
+             * auto.offset.reset=error in kafka.properties stops the partition instead. */
+            ces_log_error("kafka: %s [%d]: %s: events may have been lost at the source",
+                          m->rkt ? rd_kafka_topic_name(m->rkt) : "?", (int)m->partition,
+                          rd_kafka_message_errstr(m));
+        else if (err != RD_KAFKA_RESP_ERR__PARTITION_EOF)
             ces_log_warning("kafka: %s%s%s [%d]: %s", rd_kafka_err2name(err),
                             m->rkt ? " on " : "", m->rkt ? rd_kafka_topic_name(m->rkt) : "",
                             (int)m->partition, rd_kafka_message_errstr(m));

@@ -1,0 +1,39 @@
+"""Generated streams through the mock broker end exactly as the generator
+predicts."""
+
+from conftest import (
+    OffsetMonitor,
+    PacedProducer,
+    assert_tables_match,
+    dead_letters,
+    generate,
+    read_records,
+    stream_partitions,
+    wait_applied,
+)
+
+GROUP = "ces2pg-test"
+
+
+def test_stream_10k_events_4_partitions(tmp_path, db, broker, ces2pg):
+    b = broker(partitions=4)
+    expect = generate(tmp_path, seed=20260807, events=10000, tables=3)
+    records = read_records(expect["_out"])
+    assert len(records) == expect["records"]
+    # Partition scheme "table", as ces-gen --brokers would place them.
+    parts = stream_partitions(records, 4, "table")
+    assert len(set(parts)) >= 2, "the stream should use several partitions"
+
+    daemon = ces2pg(db, b, group=GROUP)
+    # Produced while the daemon joins and applies, at its pace (the mock
+    # keeps only 5 MiB per partition).
+    producer = PacedProducer(b, db, GROUP, "ces", records, parts).start()
+    producer.finish(timeout=120, daemons=[daemon])
+    monitor = OffsetMonitor(db, GROUP)
+    wait_applied(db, GROUP, producer.counts, timeout=60, daemons=[daemon],
+                 monitor=monitor)
+    assert_tables_match(db, expect)
+    assert dead_letters(db) == []
+    assert daemon.terminate() == 0
+    # A clean stop keeps everything (and moves no offset).
+    assert monitor.poll() == producer.counts
