@@ -155,3 +155,20 @@ def test_usage_errors_exit_64(args):
     rc, out, err = run_ces2pg(args)
     assert rc == EX_USAGE, f"{args}: exit {rc}\n{err}"
     assert err.strip(), "a usage error must say something on stderr"
+
+
+def test_reference_config_documents_every_key(tmp_path):
+    """conf/ces2pg.conf is valid and names every key ces2pg knows (its own
+    --check-config listing), so the reference cannot fall behind the code."""
+    from conftest import ROOT
+    reference = ROOT / "conf" / "ces2pg.conf"
+    rc, out, err = run_ces2pg(["--check-config", "-c", str(reference)])
+    assert rc == 0, err
+    keys = [line.split(" = ", 1)[0] for line in out.splitlines()[1:] if " = " in line]
+    assert len(keys) >= 15, out
+    text = reference.read_text()
+    for key in keys:
+        group, name = key.split(".", 1)
+        assert re.search(r"^%s = \{" % re.escape(group), text, re.M), f"group {group} missing"
+        assert re.search(r"^\s*#?\s*%s = " % re.escape(name), text, re.M), (
+            f"{key} is not documented in conf/ces2pg.conf")
