@@ -30,13 +30,20 @@ typedef struct {
     size_t ncols;
     size_t capacity;
     char **col_names; /* PostgreSQL names, in attnum order */
-    char **col_types; /* format_type() */
+    char **col_types; /* format_type() with the modifier, e.g. character varying(50) */
+    char **col_casts; /* the type without modifier, schema-qualified: what a parameter is cast to */
     ces_conv_t *conv;
     char **col_quoted;
     ces_map_t *by_source; /* source column name -> index + 1 */
     size_t npk;
     size_t *pk; /* column indices of the primary key, in key order */
     bool loaded; /* columns read from the catalog */
+    bool preserve_case;
+    bool warned_no_old_image;
+    ces_map_t *type_checks; /* "column\x1ftype" -> 1 compatible, 2 conflict */
+    char reject_reason[300];
+    unsigned oid;      /* of the table: tombstones name it */
+    long version_col;  /* index of the version column, -1 when absent */
     bool warned_no_pk;
 } table_t;
 
@@ -57,6 +64,16 @@ struct ces_apply_s {
     char *sql_offsets;
     char *sql_dead_letter;
     int64_t backoff_ms;
+    bool in_stream; /* a streamed transaction is open on conn */
+    bool lsn_guard;
+    bool preserve_case;
+    char *target_schema; /* schema.target before its dot, e.g. "{schema}" */
+    char *target_table;  /* ... and after it, e.g. "{table}" */
+    char *version_column;
+    char *version_quoted; /* quoted once connected */
+    char *tombstones;     /* quoted metadata_schema.tombstones */
+    int64_t tombstone_retention_s;
+    int64_t last_purge_ms;
 };
 
 /* What went wrong in one attempt, and what to do about it. */
@@ -125,7 +142,7 @@ static void error_from_result(attempt_error_t *e, PGconn *conn, const PGresult *
 
 /* Lower-cases ASCII letters (as PostgreSQL does for unquoted names) and clips to 63 bytes without
  * splitting a UTF-8 character. Returns a malloc'd string. */
-static char *fold_name(const char *name) {
+static char *fold_name(const char *name, bool preserve_case) {
     size_t len = strlen(name);
     if (len > PG_NAME_MAX) {
         len = PG_NAME_MAX;
@@ -136,7 +153,8 @@ static char *fold_name(const char *name) {
     if (out == NULL)
         return NULL;
     for (size_t i = 0; i < len; i++)
-        out[i] = (name[i] >= 'A' && name[i] <= 'Z') ? (char)(name[i] + 32) : name[i];
+        out[i] = (!preserve_case && name[i] >= 'A' && name[i] <= 'Z') ? (char)(name[i] + 32)
+                                                                      : name[i];
     out[len] = '\0';
     return out;
 }
@@ -205,11 +223,15 @@ static void sb_add(sb_t *sb, const char *s) {
 
 static void sb_addf(sb_t *sb, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static void sb_addf(sb_t *sb, const char *fmt, ...) {
-    char tmp[64];
+    char tmp[256];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(tmp, sizeof(tmp), fmt, ap);
+    int n = vsnprintf(tmp, sizeof(tmp), fmt, ap);
     va_end(ap);
+    if (n < 0 || (size_t)n >= sizeof(tmp)) {
+        sb->failed = true; /* only short fragments are formatted */
+        return;
+    }
     sb_add(sb, tmp);
 }
 
@@ -223,14 +245,17 @@ static void table_free(void *value, void *arg) {
     for (size_t i = 0; i < t->ncols; i++) {
         free(t->col_names[i]);
         free(t->col_types[i]);
+        free(t->col_casts[i]);
         free(t->col_quoted[i]);
     }
     free(t->col_names);
     free(t->col_types);
+    free(t->col_casts);
     free(t->col_quoted);
     free(t->conv);
     free(t->pk);
     ces_map_destroy(t->by_source);
+    ces_map_destroy(t->type_checks);
     free(t->qualified);
     free(t->pg_schema);
     free(t->pg_table);
@@ -260,9 +285,18 @@ ces_apply_t *ces_apply_new(const ces_apply_options_t *o) {
     a->auto_evolve = o->auto_evolve;
     a->retry_max_ms = o->retry_max_ms;
     a->stop_now = o->stop_now;
+    a->lsn_guard = o->lsn_guard;
+    a->preserve_case = o->preserve_case;
+    const char *target = o->target ? o->target : "{schema}.{table}";
+    const char *dot = strchr(target, '.');
+    a->target_schema = dot ? strndup(target, (size_t)(dot - target)) : strdup("public");
+    a->target_table = strdup(dot ? dot + 1 : target);
+    a->version_column = strdup(o->version_column ? o->version_column : "_ces_lsn");
+    a->tombstone_retention_s = o->tombstone_retention_s;
     a->tables = ces_map_new();
     a->stmts = ces_map_new();
-    if (!a->conninfo || !a->metadata_schema || !a->group_id || !a->tables || !a->stmts) {
+    if (!a->conninfo || !a->metadata_schema || !a->group_id || !a->tables || !a->stmts ||
+        !a->version_column || !a->target_schema || !a->target_table) {
         ces_apply_destroy(a);
         return NULL;
     }
@@ -285,6 +319,11 @@ void ces_apply_destroy(ces_apply_t *a) {
     free(a->group_id);
     free(a->sql_offsets);
     free(a->sql_dead_letter);
+    free(a->version_column);
+    free(a->target_schema);
+    free(a->target_table);
+    free(a->version_quoted);
+    free(a->tombstones);
     free(a);
 }
 
@@ -296,6 +335,7 @@ static void disconnect(ces_apply_t *a) {
     if (a->conn != NULL)
         PQfinish(a->conn);
     a->conn = NULL;
+    a->in_stream = false; /* PostgreSQL rolls it back */
     ces_map_each(a->stmts, stmt_forget, NULL);
 }
 
@@ -331,6 +371,26 @@ static int exec_simple(ces_apply_t *a, const char *sql, attempt_error_t *e) {
     return rc;
 }
 
+/*
+ * DDL that other instances may run at the same moment: IF NOT EXISTS does not stop two sessions
+ * from both trying, and the loser gets a unique violation or "already exists". That is success: the
+ * caller reads the catalog next and finds what the winner made.
+ */
+static int exec_ddl(ces_apply_t *a, const char *sql, attempt_error_t *e) {
+    if (exec_simple(a, sql, e) == 0)
+        return 0;
+    static const char *const raced[] = {"23505", "42P07", "42P06", "42701", "42710"};
+    for (size_t i = 0; i < sizeof(raced) / sizeof(raced[0]); i++) {
+        if (strcmp(e->sqlstate, raced[i]) == 0) {
+            ces_log_debug("concurrent DDL (%s): %s", e->sqlstate, e->message);
+            memset(e, 0, sizeof(*e));
+            e->failed_item = -1;
+            return 0;
+        }
+    }
+    return -1;
+}
+
 /* Creates the metadata schema and tables (idempotent) and prepares their SQL. */
 static int setup_metadata(ces_apply_t *a, attempt_error_t *e) {
     char *schema = quote_ident(a->conn, a->metadata_schema);
@@ -360,7 +420,24 @@ static int setup_metadata(ces_apply_t *a, attempt_error_t *e) {
                  "  \"offset\" bigint,\n"
                  "  reason text NOT NULL,\n"
                  "  logicalid text,\n"
-                 "  payload bytea);\n");
+                 "  payload bytea);\n"
+                 "CREATE TABLE IF NOT EXISTS ");
+    sb_add(&sql, schema);
+    sb_add(&sql, ".tombstones (\n"
+                 "  relid oid NOT NULL,\n"
+                 "  key text[] NOT NULL,\n"
+                 "  version numeric NOT NULL,\n"
+                 "  deleted_at timestamptz NOT NULL DEFAULT now(),\n"
+                 "  PRIMARY KEY (relid, key));\n"
+                 "CREATE INDEX IF NOT EXISTS tombstones_deleted_at ON ");
+    sb_add(&sql, schema);
+    sb_add(&sql, ".tombstones (deleted_at);\n");
+    free(a->tombstones);
+    free(a->version_quoted);
+    a->tombstones = malloc(strlen(schema) + sizeof(".tombstones"));
+    if (a->tombstones != NULL)
+        sprintf(a->tombstones, "%s.tombstones", schema);
+    a->version_quoted = quote_ident(a->conn, a->version_column);
     free(a->sql_offsets);
     free(a->sql_dead_letter);
     sb_t off = {0}, dl = {0};
@@ -378,18 +455,13 @@ static int setup_metadata(ces_apply_t *a, attempt_error_t *e) {
     a->sql_dead_letter = dl.buf;
     free(schema);
     int rc = -1;
-    if (sql.failed || off.failed || dl.failed) {
+    if (sql.failed || off.failed || dl.failed || !a->tombstones || !a->version_quoted) {
         set_error(e, ERR_FATAL, -1, NULL, "out of memory");
         goto done;
     }
-    /* Two instances may race to create the schema: a unique violation means the other one won. */
-    if (exec_simple(a, sql.buf, e) != 0) {
-        if (strncmp(e->sqlstate, "23", 2) != 0)
-            goto done;
-        memset(e, 0, sizeof(*e));
-        if (exec_simple(a, sql.buf, e) != 0)
-            goto done;
-    }
+    /* Two instances may race to create the schema: the loser runs it again to create the rest. */
+    if (exec_ddl(a, sql.buf, e) != 0 || exec_ddl(a, sql.buf, e) != 0)
+        goto done;
     rc = 0;
 done:
     free(sql.buf);
@@ -527,7 +599,8 @@ ces_apply_status_t ces_apply_read_offsets(ces_apply_t *a, const char *topic,
 /* ---------------------------------------------------------------------------------------------- */
 /* Target tables                                                                                  */
 
-static int table_add_column(table_t *t, const char *name, const char *type, PGconn *conn) {
+static int table_add_column(table_t *t, const char *name, const char *type, const char *cast,
+                            PGconn *conn) {
     if (t->ncols == t->capacity) {
         size_t cap = t->capacity ? t->capacity * 2 : 16;
         char **names = realloc(t->col_names, cap * sizeof(char *));
@@ -538,6 +611,10 @@ static int table_add_column(table_t *t, const char *name, const char *type, PGco
         if (types == NULL)
             return -1;
         t->col_types = types;
+        char **casts = realloc(t->col_casts, cap * sizeof(char *));
+        if (casts == NULL)
+            return -1;
+        t->col_casts = casts;
         char **quoted = realloc(t->col_quoted, cap * sizeof(char *));
         if (quoted == NULL)
             return -1;
@@ -551,10 +628,11 @@ static int table_add_column(table_t *t, const char *name, const char *type, PGco
     size_t i = t->ncols;
     t->col_names[i] = strdup(name);
     t->col_types[i] = strdup(type);
+    t->col_casts[i] = strdup(cast);
     t->col_quoted[i] = quote_ident(conn, name);
     t->conv[i] = ces_types_conversion(type);
     t->ncols++;
-    if (!t->col_names[i] || !t->col_types[i] || !t->col_quoted[i])
+    if (!t->col_names[i] || !t->col_types[i] || !t->col_casts[i] || !t->col_quoted[i])
         return -1;
     return 0;
 }
@@ -572,10 +650,13 @@ static long table_column_index(const table_t *t, const char *pg_name) {
 static int table_load(ces_apply_t *a, table_t *t, attempt_error_t *e) {
     static const char *sql =
         "SELECT a.attname, format_type(a.atttypid, a.atttypmod),"
-        "       array_position(i.indkey::int2[], a.attnum) - array_lower(i.indkey::int2[], 1) + 1"
+        "       array_position(i.indkey::int2[], a.attnum) - array_lower(i.indkey::int2[], 1) + 1,"
+        "       format('%I.%I', tn.nspname, ty.typname), c.oid"
         "  FROM pg_catalog.pg_attribute a"
         "  JOIN pg_catalog.pg_class c ON c.oid = a.attrelid"
         "  JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace"
+        "  JOIN pg_catalog.pg_type ty ON ty.oid = a.atttypid"
+        "  JOIN pg_catalog.pg_namespace tn ON tn.oid = ty.typnamespace"
         "  LEFT JOIN pg_catalog.pg_index i ON i.indrelid = c.oid AND i.indisprimary"
         " WHERE n.nspname = $1 AND c.relname = $2 AND c.relkind IN ('r', 'p')"
         "   AND a.attnum > 0 AND NOT a.attisdropped"
@@ -590,19 +671,26 @@ static int table_load(ces_apply_t *a, table_t *t, attempt_error_t *e) {
     for (size_t i = 0; i < t->ncols; i++) {
         free(t->col_names[i]);
         free(t->col_types[i]);
+        free(t->col_casts[i]);
         free(t->col_quoted[i]);
     }
     t->ncols = 0;
     t->npk = 0;
+    t->version_col = -1;
     ces_map_clear(t->by_source, NULL, NULL);
+    ces_map_clear(t->type_checks, NULL, NULL);
     int rows = PQntuples(r);
     free(t->pk);
     t->pk = calloc((size_t)rows + 1, sizeof(size_t));
     if (t->pk == NULL)
         goto nomem;
     for (int row = 0; row < rows; row++) {
-        if (table_add_column(t, PQgetvalue(r, row, 0), PQgetvalue(r, row, 1), a->conn) != 0)
+        if (table_add_column(t, PQgetvalue(r, row, 0), PQgetvalue(r, row, 1),
+                             PQgetvalue(r, row, 3), a->conn) != 0)
             goto nomem;
+        if (a->lsn_guard && strcmp(PQgetvalue(r, row, 0), a->version_column) == 0)
+            t->version_col = row;
+        t->oid = (unsigned)strtoul(PQgetvalue(r, row, 4), NULL, 10);
     }
     /* Primary key columns in key order (array_position is the 1-based place in the index). */
     for (int pos = 1; pos <= rows; pos++) {
@@ -695,7 +783,7 @@ static int table_create(ces_apply_t *a, table_t *t, const ces_event_t *ev, attem
     sb_add(&sql, " (");
     size_t ncols = 0;
     for (size_t i = 0; i < names.count; i++) {
-        folded[i] = fold_name(names.names[i]);
+        folded[i] = fold_name(names.names[i], a->preserve_case);
         if (folded[i] == NULL)
             goto nomem;
         bool dup = false;
@@ -714,9 +802,14 @@ static int table_create(ces_apply_t *a, table_t *t, const ces_event_t *ev, attem
         sb_add(&sql, type);
         free(q);
     }
+    if (a->lsn_guard) {
+        sb_add(&sql, ", ");
+        sb_add(&sql, a->version_quoted);
+        sb_add(&sql, " numeric");
+    }
     sb_add(&sql, ", PRIMARY KEY (");
     for (size_t i = 0; i < ev->npkkey; i++) {
-        char *f = fold_name(ev->pkkey[i].name);
+        char *f = fold_name(ev->pkkey[i].name, a->preserve_case);
         char *q = f ? quote_ident(a->conn, f) : NULL;
         free(f);
         if (q == NULL)
@@ -729,7 +822,7 @@ static int table_create(ces_apply_t *a, table_t *t, const ces_event_t *ev, attem
     if (sql.failed)
         goto nomem;
     ces_log_info("creating table %s", t->qualified);
-    if (exec_simple(a, sql.buf, e) != 0)
+    if (exec_ddl(a, sql.buf, e) != 0)
         goto done;
     rc = 0;
     goto done;
@@ -756,7 +849,7 @@ static int table_evolve(ces_apply_t *a, table_t *t, const ces_event_t *ev, const
     for (size_t i = 0; i < nmissing; i++) {
         char type[64];
         pg_type_for(ev, missing[i], type, sizeof(type), t->qualified);
-        char *f = fold_name(missing[i]);
+        char *f = fold_name(missing[i], a->preserve_case);
         char *q = f ? quote_ident(a->conn, f) : NULL;
         free(f);
         if (q == NULL) {
@@ -771,7 +864,7 @@ static int table_evolve(ces_apply_t *a, table_t *t, const ces_event_t *ev, const
         free(q);
         ces_log_info("table %s: adding column for '%s' (%s)", t->qualified, missing[i], type);
     }
-    int rc = sql.failed ? -1 : exec_simple(a, sql.buf, e);
+    int rc = sql.failed ? -1 : exec_ddl(a, sql.buf, e);
     if (sql.failed)
         set_error(e, ERR_FATAL, -1, NULL, "out of memory");
     free(sql.buf);
@@ -783,7 +876,7 @@ static long resolve_column(table_t *t, const char *source_name) {
     uintptr_t v = (uintptr_t)ces_map_get(t->by_source, source_name, strlen(source_name));
     if (v != 0)
         return (long)v - 1;
-    char *f = fold_name(source_name);
+    char *f = fold_name(source_name, t->preserve_case);
     if (f == NULL)
         return -1;
     long idx = table_column_index(t, f);
@@ -793,17 +886,90 @@ static long resolve_column(table_t *t, const char *source_name) {
     return idx;
 }
 
+/* Replaces {db}, {schema} and {table} in one part of schema.target with the event's source names.
+ * Returns a malloc'd string. */
+static char *expand_target(const char *pattern, const ces_event_t *ev) {
+    sb_t out = {0};
+    for (const char *p = pattern; *p;) {
+        if (strncmp(p, "{db}", 4) == 0) {
+            sb_add(&out, ev->db);
+            p += 4;
+        } else if (strncmp(p, "{schema}", 8) == 0) {
+            sb_add(&out, ev->schema);
+            p += 8;
+        } else if (strncmp(p, "{table}", 7) == 0) {
+            sb_add(&out, ev->table);
+            p += 7;
+        } else {
+            char c[2] = {*p++, '\0'};
+            sb_add(&out, c);
+        }
+    }
+    if (out.buf == NULL && !out.failed)
+        return strdup("");
+    if (out.failed) {
+        free(out.buf);
+        return NULL;
+    }
+    return out.buf;
+}
+
+/*
+ * A source column whose type no longer fits its target column (say int became nvarchar) is a type
+ * conflict: columns are never retyped, so the event is dead-lettered. Verdicts are cached per
+ * (column, type); each conflict is logged once.
+ */
+static bool type_conflict(table_t *t, const ces_event_t *ev, const char **reject) {
+    for (size_t i = 0; i < ev->ncols; i++) {
+        const ces_column_t *c = &ev->cols[i];
+        char key[1100];
+        int klen = snprintf(key, sizeof(key), "%s\x1f%s", c->name, c->type);
+        if (klen < 0 || (size_t)klen >= sizeof(key))
+            continue;
+        uintptr_t verdict = (uintptr_t)ces_map_get(t->type_checks, key, (size_t)klen);
+        if (verdict == 0) {
+            long col = resolve_column(t, c->name);
+            char mapped[64];
+            ces_types_map(c->type, mapped, sizeof(mapped));
+            const char *cast = col >= 0 ? t->col_casts[col] : "";
+            const char *typname = strrchr(cast, '.') ? strrchr(cast, '.') + 1 : cast;
+            verdict = col < 0 || ces_types_compatible(typname, mapped) ? 1 : 2;
+            if (verdict == 2)
+                ces_log_warning("table %s: type conflict: column %s is %s in PostgreSQL, but the "
+                                "source now sends %s; its events go to the dead-letter table",
+                                t->qualified, t->col_names[col], t->col_types[col], c->type);
+            if (ces_map_put(t->type_checks, key, (size_t)klen, (void *)verdict) != 0)
+                return false; /* out of memory: check again next time */
+        }
+        if (verdict == 2) {
+            snprintf(t->reject_reason, sizeof(t->reject_reason),
+                     "type conflict: source column '%.128s' is %.40s, which its target column "
+                     "cannot hold (columns are never retyped)",
+                     c->name, c->type);
+            *reject = t->reject_reason;
+            return true;
+        }
+    }
+    return false;
+}
+
 static table_t *table_new(ces_apply_t *a, const ces_event_t *ev) {
     table_t *t = calloc(1, sizeof(*t));
     if (t == NULL)
         return NULL;
     t->id = ++a->next_table_id;
     t->by_source = ces_map_new();
-    t->pg_schema = fold_name(ev->schema);
-    t->pg_table = fold_name(ev->table);
+    t->type_checks = ces_map_new();
+    t->preserve_case = a->preserve_case;
+    char *schema = expand_target(a->target_schema, ev);
+    char *table = expand_target(a->target_table, ev);
+    t->pg_schema = schema ? fold_name(schema, a->preserve_case) : NULL;
+    t->pg_table = table ? fold_name(table, a->preserve_case) : NULL;
+    free(schema);
+    free(table);
     char *qs = t->pg_schema ? quote_ident(a->conn, t->pg_schema) : NULL;
     char *qt = t->pg_table ? quote_ident(a->conn, t->pg_table) : NULL;
-    if (qs && qt && t->by_source) {
+    if (qs && qt && t->by_source && t->type_checks) {
         t->qualified = malloc(strlen(qs) + strlen(qt) + 2);
         if (t->qualified)
             sprintf(t->qualified, "%s.%s", qs, qt);
@@ -853,6 +1019,20 @@ static table_t *ensure_table(ces_apply_t *a, const ces_event_t *ev, const char *
                 set_error(e, ERR_STALE, -1, NULL, "table %s vanished after it was created",
                           t->qualified);
             if (created <= 0)
+                return NULL;
+        }
+        if (a->lsn_guard && t->version_col < 0) {
+            /* A table made before ces2pg (a backfill) is adopted: NULL is older than any event. */
+            sb_t sql = {0};
+            sb_add(&sql, "ALTER TABLE ");
+            sb_add(&sql, t->qualified);
+            sb_add(&sql, " ADD COLUMN IF NOT EXISTS ");
+            sb_add(&sql, a->version_quoted);
+            sb_add(&sql, " numeric");
+            ces_log_info("table %s: adding the version column %s", t->qualified, a->version_quoted);
+            int rc = sql.failed ? -1 : exec_ddl(a, sql.buf, e);
+            free(sql.buf);
+            if (rc != 0 || table_load(a, t, e) < 0)
                 return NULL;
         }
         t->loaded = true;
@@ -905,7 +1085,9 @@ static table_t *ensure_table(ces_apply_t *a, const ces_event_t *ev, const char *
     } else {
         free(missing);
     }
-    return t;
+    if (!type_conflict(t, ev, reject))
+        return t;
+    return NULL;
 no_pk:
     if (!t->warned_no_pk) {
         ces_log_warning("table %s.%s.%s has no primary key: its events go to the dead-letter table",
@@ -943,6 +1125,7 @@ typedef struct {
     int *lengths;
     long *cols;
     size_t scratch_capacity;
+    char version[64];
 } sender_t;
 
 static int push_pending(sender_t *s, pend_kind_t kind, long item, stmt_t *stmt) {
@@ -1051,7 +1234,8 @@ static int reserve_scratch(sender_t *s, size_t n) {
 /* Finds or makes the prepared statement for a signature; sends its Parse when the connection has
  * not seen it yet. build writes its SQL. */
 static stmt_t *get_statement(sender_t *s, const char *sig, size_t sig_len, long item,
-                             void (*build)(sb_t *, const table_t *, const long *, size_t),
+                             void (*build)(sb_t *, const ces_apply_t *, const table_t *,
+                                           const long *, size_t),
                              const table_t *t, const long *cols, size_t ncols) {
     ces_apply_t *a = s->a;
     stmt_t *st = ces_map_get(a->stmts, sig, sig_len);
@@ -1070,13 +1254,14 @@ static stmt_t *get_statement(sender_t *s, const char *sig, size_t sig_len, long 
     }
     if (!st->prepared) {
         sb_t sql = {0};
-        build(&sql, t, cols, ncols);
+        build(&sql, a, t, cols, ncols);
         if (sql.failed) {
             free(sql.buf);
             set_error(s->e, ERR_FATAL, -1, NULL, "out of memory");
             return NULL;
         }
-        int ok = PQsendPrepare(a->conn, st->name, sql.buf, (int)ncols, NULL);
+        int nparams = (int)ncols + (a->lsn_guard && t->version_col >= 0 ? 1 : 0);
+        int ok = PQsendPrepare(a->conn, st->name, sql.buf, nparams, NULL);
         free(sql.buf);
         if (ok != 1) {
             set_error(s->e, ERR_RETRY, -1, NULL, "sending to PostgreSQL: %s",
@@ -1091,18 +1276,61 @@ static stmt_t *get_statement(sender_t *s, const char *sig, size_t sig_len, long 
     return st;
 }
 
-static void build_upsert(sb_t *sql, const table_t *t, const long *cols, size_t n) {
+/* ARRAY[$k::type::text, ...]: the primary key in the canonical text of its column types, as the
+ * tombstones store it. params[k] is the parameter number of key column k. */
+static void add_key_array(sb_t *sql, const table_t *t, const size_t *params) {
+    sb_add(sql, "ARRAY[");
+    for (size_t k = 0; k < t->npk; k++) {
+        sb_addf(sql, "%s$%zu::", k ? ", " : "", params[k]);
+        sb_add(sql, t->col_types[t->pk[k]]);
+        sb_add(sql, "::text");
+    }
+    sb_add(sql, "]");
+}
+
+/*
+ * INSERT ... ON CONFLICT (pk) DO UPDATE with the columns present. With the version guard, the row
+ * changes only when the event is newer than the row, and a row is not inserted when a newer delete
+ * left a tombstone for its key.
+ */
+static void build_upsert(sb_t *sql, const ces_apply_t *a, const table_t *t, const long *cols,
+                         size_t n) {
+    bool guard = a->lsn_guard && t->version_col >= 0;
+    size_t version_param = n + 1;
+    size_t key_params[t->npk + 1];
     sb_add(sql, "INSERT INTO ");
     sb_add(sql, t->qualified);
     sb_add(sql, " AS t (");
     for (size_t i = 0; i < n; i++) {
         sb_add(sql, i ? ", " : "");
         sb_add(sql, t->col_quoted[cols[i]]);
+        for (size_t k = 0; k < t->npk; k++) {
+            if ((size_t)cols[i] == t->pk[k])
+                key_params[k] = i + 1;
+        }
     }
-    sb_add(sql, ") VALUES (");
-    for (size_t i = 0; i < n; i++)
-        sb_addf(sql, "%s$%zu", i ? ", " : "", i + 1);
-    sb_add(sql, ") ON CONFLICT (");
+    if (guard) {
+        sb_add(sql, ", ");
+        sb_add(sql, a->version_quoted);
+        /* Typed parameters: in INSERT ... SELECT they take no type from the target columns. The
+         * casts drop the type modifier, so the assignment still checks length and precision. */
+        sb_add(sql, ") SELECT ");
+        for (size_t i = 0; i < n; i++) {
+            sb_addf(sql, "%s$%zu::", i ? ", " : "", i + 1);
+            sb_add(sql, t->col_casts[cols[i]]);
+        }
+        sb_addf(sql, ", $%zu::numeric WHERE NOT EXISTS (SELECT 1 FROM ", version_param);
+        sb_add(sql, a->tombstones);
+        sb_addf(sql, " ts WHERE ts.relid = %u AND ts.key = ", t->oid);
+        add_key_array(sql, t, key_params);
+        sb_addf(sql, " AND ts.version > $%zu::numeric)", version_param);
+    } else {
+        sb_add(sql, ") VALUES (");
+        for (size_t i = 0; i < n; i++)
+            sb_addf(sql, "%s$%zu", i ? ", " : "", i + 1);
+        sb_add(sql, ")");
+    }
+    sb_add(sql, " ON CONFLICT (");
     for (size_t k = 0; k < t->npk; k++) {
         sb_add(sql, k ? ", " : "");
         sb_add(sql, t->col_quoted[t->pk[k]]);
@@ -1120,20 +1348,55 @@ static void build_upsert(sb_t *sql, const table_t *t, const long *cols, size_t n
         sb_add(sql, " = EXCLUDED.");
         sb_add(sql, t->col_quoted[cols[i]]);
     }
+    if (guard) {
+        sb_add(sql, updates++ ? ", " : "UPDATE SET ");
+        sb_add(sql, a->version_quoted);
+        sb_add(sql, " = EXCLUDED.");
+        sb_add(sql, a->version_quoted);
+        sb_add(sql, " WHERE t.");
+        sb_add(sql, a->version_quoted);
+        sb_add(sql, " IS NULL OR t.");
+        sb_add(sql, a->version_quoted);
+        sb_add(sql, " < EXCLUDED.");
+        sb_add(sql, a->version_quoted);
+    }
     if (updates == 0)
         sb_add(sql, "NOTHING");
 }
 
-static void build_delete(sb_t *sql, const table_t *t, const long *cols, size_t n) {
+/* DELETE by primary key. With the version guard, only a row older than the event goes, and the
+ * key's tombstone is raised to the event's version either way. */
+static void build_delete(sb_t *sql, const ces_apply_t *a, const table_t *t, const long *cols,
+                         size_t n) {
     (void)cols;
+    bool guard = a->lsn_guard && t->version_col >= 0;
+    size_t key_params[t->npk + 1];
+    if (guard)
+        sb_add(sql, "WITH deleted AS (");
     sb_add(sql, "DELETE FROM ");
     sb_add(sql, t->qualified);
-    sb_add(sql, " WHERE ");
+    sb_add(sql, " AS t WHERE ");
     for (size_t k = 0; k < n; k++) {
+        key_params[k] = k + 1;
         sb_add(sql, k ? " AND " : "");
+        sb_add(sql, "t.");
         sb_add(sql, t->col_quoted[t->pk[k]]);
-        sb_addf(sql, " = $%zu", k + 1);
+        sb_addf(sql, " = $%zu::", k + 1);
+        sb_add(sql, t->col_casts[t->pk[k]]);
     }
+    if (!guard)
+        return;
+    sb_add(sql, " AND (t.");
+    sb_add(sql, a->version_quoted);
+    sb_add(sql, " IS NULL OR t.");
+    sb_add(sql, a->version_quoted);
+    sb_addf(sql, " < $%zu::numeric) RETURNING 1) INSERT INTO ", n + 1);
+    sb_add(sql, a->tombstones);
+    sb_addf(sql, " AS ts (relid, key, version) VALUES (%u, ", t->oid);
+    add_key_array(sql, t, key_params);
+    sb_addf(sql, ", $%zu::numeric) ON CONFLICT (relid, key) DO UPDATE SET version = "
+                 "EXCLUDED.version, deleted_at = now() WHERE ts.version < EXCLUDED.version",
+            n + 1);
 }
 
 /* The signature that names a statement: its kind, table and column list. */
@@ -1178,9 +1441,20 @@ static const ces_field_t *key_field(table_t *t, size_t k, const ces_field_t *ima
     return NULL;
 }
 
+/* Adds the event's version as parameter slot (when the table is guarded). Returns the number of
+ * parameters. */
+static int add_version_param(sender_t *s, const table_t *t, const ces_event_t *ev, size_t slot) {
+    if (!s->a->lsn_guard || t->version_col < 0)
+        return (int)slot;
+    ces_version_format(&ev->position, s->version, sizeof(s->version));
+    s->values[slot] = s->version;
+    s->lengths[slot] = 0;
+    return (int)slot + 1;
+}
+
 static int send_delete(sender_t *s, long idx, ces_item_t *item, table_t *t,
                        const ces_field_t *image, size_t nimage, const char **reject) {
-    if (reserve_scratch(s, t->npk) != 0)
+    if (reserve_scratch(s, t->npk + 1) != 0)
         return -1;
     for (size_t k = 0; k < t->npk; k++) {
         const ces_field_t *f = key_field(t, k, image, nimage, &item->event);
@@ -1196,8 +1470,8 @@ static int send_delete(sender_t *s, long idx, ces_item_t *item, table_t *t,
     stmt_t *st = get_statement(s, sig, sl, idx, build_delete, t, NULL, t->npk);
     if (st == NULL)
         return -1;
-    if (PQsendQueryPrepared(s->a->conn, st->name, (int)t->npk, s->values, s->lengths, NULL, 0) !=
-        1) {
+    int nparams = add_version_param(s, t, &item->event, t->npk);
+    if (PQsendQueryPrepared(s->a->conn, st->name, nparams, s->values, s->lengths, NULL, 0) != 1) {
         set_error(s->e, ERR_RETRY, -1, NULL, "sending to PostgreSQL: %s",
                   PQerrorMessage(s->a->conn));
         return -1;
@@ -1208,7 +1482,7 @@ static int send_delete(sender_t *s, long idx, ces_item_t *item, table_t *t,
 static int send_upsert(sender_t *s, long idx, ces_item_t *item, table_t *t, const char **reject) {
     const ces_event_t *ev = &item->event;
     size_t n = 0;
-    if (reserve_scratch(s, ev->ncurrent + t->npk) != 0)
+    if (reserve_scratch(s, ev->ncurrent + t->npk + 1) != 0)
         return -1;
     const ces_field_t **fields = (const ces_field_t **)calloc(ev->ncurrent + t->npk + 1,
                                                              sizeof(*fields));
@@ -1269,7 +1543,8 @@ static int send_upsert(sender_t *s, long idx, ces_item_t *item, table_t *t, cons
     free(sig);
     if (st == NULL)
         goto done;
-    if (PQsendQueryPrepared(s->a->conn, st->name, (int)n, s->values, s->lengths, NULL, 0) != 1) {
+    int nparams = add_version_param(s, t, ev, n);
+    if (PQsendQueryPrepared(s->a->conn, st->name, nparams, s->values, s->lengths, NULL, 0) != 1) {
         set_error(s->e, ERR_RETRY, -1, NULL, "sending to PostgreSQL: %s",
                   PQerrorMessage(s->a->conn));
         goto done;
@@ -1303,6 +1578,14 @@ static int send_event(sender_t *s, long idx, ces_item_t *item, table_t *t, const
     const ces_event_t *ev = &item->event;
     if (ev->op == CES_OP_DELETE)
         return send_delete(s, idx, item, t, ev->old, ev->nold, reject);
+    if (ev->op == CES_OP_UPDATE && ev->nold == 0 && !t->warned_no_old_image) {
+        /* include_old_values = 0 at the source: a changed key cannot be told from the new row. */
+        ces_log_warning("table %s: UPD events carry no old row image (include_old_values = 0): "
+                        "if a primary key is changed at the source, the row is upserted under "
+                        "its new key and the row under the old key stays",
+                        t->qualified);
+        t->warned_no_old_image = true;
+    }
     if (key_changed(t, ev)) {
         if (send_delete(s, idx, item, t, ev->old, ev->nold, reject) != 0 || *reject != NULL)
             return *reject != NULL ? 0 : -1;
@@ -1412,7 +1695,30 @@ static void abandon(sender_t *s) {
         ces_log_debug("leaving pipeline mode: %s", PQerrorMessage(conn));
 }
 
-static void attempt(ces_apply_t *a, ces_batch_t *batch, attempt_error_t *e) {
+/* What one attempt sends: a whole transaction, or a part of a streamed one (see apply.h). */
+typedef enum {
+    STEP_WHOLE, /* BEGIN ... COMMIT */
+    STEP_CHUNK, /* inside the open transaction, under a savepoint; no COMMIT */
+    STEP_LAST,  /* the last part, the positions, COMMIT */
+} step_t;
+
+/* After a failed step of a stream: undo only the step when the transaction can go on. */
+static void abandon_step(sender_t *s, bool whole) {
+    PGconn *conn = s->a->conn;
+    if (PQstatus(conn) != CONNECTION_OK || PQpipelineStatus(conn) == PQ_PIPELINE_OFF)
+        return;
+    attempt_error_t ignored = {.failed_item = -1};
+    attempt_error_t *saved = s->e;
+    s->e = &ignored;
+    s->npending = 0;
+    if (send_simple(s, whole ? "ROLLBACK" : "ROLLBACK TO SAVEPOINT ces_step") == 0)
+        sync_and_drain(s);
+    s->e = saved;
+    if (PQexitPipelineMode(conn) != 1)
+        ces_log_debug("leaving pipeline mode: %s", PQerrorMessage(conn));
+}
+
+static void attempt(ces_apply_t *a, ces_batch_t *batch, step_t step, attempt_error_t *e) {
     table_t **tables = calloc(batch->count + 1, sizeof(table_t *));
     sender_t s = {.a = a, .batch = batch, .e = e};
     if (tables == NULL) {
@@ -1425,7 +1731,7 @@ static void attempt(ces_apply_t *a, ces_batch_t *batch, attempt_error_t *e) {
         set_error(e, ERR_RETRY, -1, NULL, "entering pipeline mode: %s", PQerrorMessage(a->conn));
         goto done;
     }
-    if (send_simple(&s, "BEGIN") != 0)
+    if (send_simple(&s, step == STEP_WHOLE ? "BEGIN" : "SAVEPOINT ces_step") != 0)
         goto fail;
     for (size_t i = 0; i < batch->count; i++) {
         ces_item_t *item = &batch->items[i];
@@ -1443,22 +1749,28 @@ static void attempt(ces_apply_t *a, ces_batch_t *batch, attempt_error_t *e) {
         if (maybe_sync(&s) != 0 || e->cls != ERR_NONE)
             goto fail;
     }
-    if (send_offsets(&s) != 0 || sync_and_drain(&s) != 0 || e->cls != ERR_NONE)
+    if ((step != STEP_CHUNK && send_offsets(&s) != 0) || sync_and_drain(&s) != 0 ||
+        e->cls != ERR_NONE)
         goto fail;
     if (s.fenced) {
         set_error(e, ERR_FENCED, -1, NULL,
                   "the stored consumer position moved: another instance took over a partition");
         goto fail;
     }
-    if (send_simple(&s, "COMMIT") != 0 || sync_and_drain(&s) != 0 || e->cls != ERR_NONE) {
-        e->in_commit = true;
+    if (send_simple(&s, step == STEP_CHUNK ? "RELEASE SAVEPOINT ces_step" : "COMMIT") != 0 ||
+        sync_and_drain(&s) != 0 || e->cls != ERR_NONE) {
+        e->in_commit = step != STEP_CHUNK;
         goto fail;
     }
     if (PQexitPipelineMode(a->conn) != 1)
         set_error(e, ERR_RETRY, -1, NULL, "leaving pipeline mode: %s", PQerrorMessage(a->conn));
     goto done;
 fail:
-    abandon(&s);
+    if (step == STEP_WHOLE)
+        abandon(&s);
+    else
+        /* A data error undoes only this step; anything else loses the whole transaction. */
+        abandon_step(&s, e->cls != ERR_DATA || e->in_commit);
 done:
     free(s.pending);
     free(s.values);
@@ -1497,10 +1809,14 @@ static void count_committed(const ces_batch_t *batch, ces_apply_stats_t *stats) 
     }
 }
 
-ces_apply_status_t ces_apply_batch(ces_apply_t *a, ces_batch_t *batch, ces_apply_stats_t *stats,
-                                   char *errstr, size_t errstr_size) {
+static ces_apply_status_t apply_step(ces_apply_t *a, ces_batch_t *batch, step_t step,
+                                     ces_apply_stats_t *stats, char *errstr, size_t errstr_size) {
     bool commit_unknown = false;
     for (;;) {
+        if (step != STEP_WHOLE && !ces_apply_connected(a)) {
+            snprintf(errstr, errstr_size, "the connection of the open transaction was lost");
+            return CES_APPLY_LOST;
+        }
         ces_apply_status_t st = ensure_connected(a, errstr, errstr_size);
         if (st != CES_APPLY_OK)
             return st;
@@ -1508,11 +1824,25 @@ ces_apply_status_t ces_apply_batch(ces_apply_t *a, ces_batch_t *batch, ces_apply
             ces_log_info("the batch had been committed before the connection was lost");
             break;
         }
-        commit_unknown = false;
+        if (commit_unknown) {
+            snprintf(errstr, errstr_size, "the streamed transaction was lost with the connection");
+            return CES_APPLY_LOST;
+        }
         attempt_error_t e = {.failed_item = -1};
-        attempt(a, batch, &e);
+        attempt(a, batch, step, &e);
         if (e.cls == ERR_NONE)
             break;
+        if (step != STEP_WHOLE && e.cls != ERR_DATA && e.cls != ERR_FENCED && e.cls != ERR_FATAL &&
+            !(e.cls == ERR_RETRY && e.in_commit)) {
+            /* The open transaction is gone: what was streamed must be read again. */
+            snprintf(errstr, errstr_size, "%s", e.message);
+            if (PQstatus(a->conn) != CONNECTION_OK || e.cls == ERR_STALE)
+                disconnect(a);
+            if (e.cls == ERR_STALE)
+                ces_map_clear(a->tables, table_free, NULL);
+            a->in_stream = false;
+            return CES_APPLY_LOST;
+        }
         switch (e.cls) {
         case ERR_DATA:
             if (e.failed_item >= 0 && (size_t)e.failed_item < batch->count &&
@@ -1547,6 +1877,7 @@ ces_apply_status_t ces_apply_batch(ces_apply_t *a, ces_batch_t *batch, ces_apply
             continue;
         case ERR_FENCED:
             snprintf(errstr, errstr_size, "%s", e.message);
+            a->in_stream = false;
             return CES_APPLY_FENCED;
         case ERR_RETRY: {
             if (stats)
@@ -1571,6 +1902,93 @@ ces_apply_status_t ces_apply_batch(ces_apply_t *a, ces_batch_t *batch, ces_apply
         }
     }
     a->backoff_ms = 0;
+    if (step == STEP_LAST)
+        a->in_stream = false;
     count_committed(batch, stats);
     return CES_APPLY_OK;
 }
+
+static int64_t monotonic_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/*
+ * Deletes tombstones past their retention, a bounded number at a time, between batches: it never
+ * holds locks that apply waits for for long. At most once a minute (or once per retention period
+ * when that is shorter). Failures only log: the next round tries again.
+ */
+static void purge_tombstones(ces_apply_t *a) {
+    if (!a->lsn_guard || a->tombstones == NULL || !ces_apply_connected(a))
+        return;
+    int64_t now = monotonic_ms();
+    int64_t every = a->tombstone_retention_s * 1000 < 60000 ? a->tombstone_retention_s * 1000 : 60000;
+    if (now - a->last_purge_ms < every)
+        return;
+    a->last_purge_ms = now;
+    sb_t sql = {0};
+    sb_add(&sql, "DELETE FROM ");
+    sb_add(&sql, a->tombstones);
+    sb_add(&sql, " WHERE ctid = ANY (ARRAY (SELECT ctid FROM ");
+    sb_add(&sql, a->tombstones);
+    sb_add(&sql, " WHERE deleted_at < now() - make_interval(secs => $1) LIMIT 10000))");
+    char secs[24];
+    snprintf(secs, sizeof(secs), "%lld", (long long)a->tombstone_retention_s);
+    const char *params[1] = {secs};
+    PGresult *r = sql.failed ? NULL : PQexecParams(a->conn, sql.buf, 1, NULL, params, NULL, NULL, 0);
+    if (PQresultStatus(r) == PGRES_COMMAND_OK) {
+        if (strcmp(PQcmdTuples(r), "0") != 0)
+            ces_log_info("purged %s tombstones older than %lld s", PQcmdTuples(r),
+                         (long long)a->tombstone_retention_s);
+    } else {
+        ces_log_warning("purging tombstones: %s", r ? PQresultErrorMessage(r) : "out of memory");
+    }
+    PQclear(r);
+    free(sql.buf);
+}
+
+ces_apply_status_t ces_apply_batch(ces_apply_t *a, ces_batch_t *batch, ces_apply_stats_t *stats,
+                                   char *errstr, size_t errstr_size) {
+    bool whole = !a->in_stream;
+    ces_apply_status_t st = apply_step(a, batch, whole ? STEP_WHOLE : STEP_CHUNK, stats, errstr,
+                                       errstr_size);
+    if (st == CES_APPLY_OK && whole)
+        purge_tombstones(a);
+    return st;
+}
+
+ces_apply_status_t ces_apply_stream_begin(ces_apply_t *a, char *errstr, size_t errstr_size) {
+    ces_apply_status_t st = ensure_connected(a, errstr, errstr_size);
+    if (st != CES_APPLY_OK)
+        return st;
+    attempt_error_t e = {.failed_item = -1};
+    if (exec_simple(a, "BEGIN", &e) != 0) {
+        snprintf(errstr, errstr_size, "%s", e.message);
+        if (PQstatus(a->conn) != CONNECTION_OK)
+            disconnect(a);
+        return e.cls == ERR_FATAL ? CES_APPLY_FATAL : CES_APPLY_LOST;
+    }
+    a->in_stream = true;
+    return CES_APPLY_OK;
+}
+
+ces_apply_status_t ces_apply_stream_commit(ces_apply_t *a, ces_batch_t *batch,
+                                           ces_apply_stats_t *stats, char *errstr,
+                                           size_t errstr_size) {
+    return apply_step(a, batch, STEP_LAST, stats, errstr, errstr_size);
+}
+
+void ces_apply_stream_abort(ces_apply_t *a) {
+    if (!a->in_stream)
+        return;
+    a->in_stream = false;
+    if (ces_apply_connected(a)) {
+        PGresult *r = PQexec(a->conn, "ROLLBACK");
+        if (PQresultStatus(r) != PGRES_COMMAND_OK)
+            disconnect(a);
+        PQclear(r);
+    }
+}
+
+bool ces_apply_streaming(const ces_apply_t *a) { return a->in_stream; }

@@ -25,6 +25,11 @@ typedef struct {
     bool auto_create;
     bool auto_evolve;
     int64_t retry_max_ms;            /* cap of the exponential backoff */
+    const char *target;              /* "{schema}.{table}": target table from source names */
+    bool preserve_case;              /* false: ASCII letters of names are lower-cased */
+    bool lsn_guard;                  /* per-row version column and tombstones */
+    const char *version_column;      /* its name, e.g. "_ces_lsn" */
+    int64_t tombstone_retention_s;   /* tombstones older than this are purged */
     volatile sig_atomic_t *stop_now; /* when set, retries give up (the batch stays rolled back) */
 } ces_apply_options_t;
 
@@ -33,6 +38,7 @@ typedef enum {
     CES_APPLY_FENCED,      /* stored positions moved under us: the batch was rolled back */
     CES_APPLY_INTERRUPTED, /* a stop was requested while retrying: the batch was rolled back */
     CES_APPLY_FATAL,       /* cannot go on (authentication, permissions, missing database...) */
+    CES_APPLY_LOST,        /* a streamed transaction was rolled back: read it again */
 } ces_apply_status_t;
 
 typedef struct {
@@ -67,6 +73,22 @@ ces_apply_status_t ces_apply_read_offsets(ces_apply_t *apply, const char *topic,
 ces_apply_status_t ces_apply_batch(ces_apply_t *apply, ces_batch_t *batch,
                                    ces_apply_stats_t *stats, char *errstr, size_t errstr_size)
     __attribute__((warn_unused_result));
+
+/*
+ * Streaming one source transaction too large to hold in memory: ces_apply_stream_begin opens a
+ * PostgreSQL transaction; while it is open, ces_apply_batch applies each batch as a part of it (under
+ * a savepoint, so a rejected change dead-letters only itself) without committing;
+ * ces_apply_stream_commit applies the last part with the positions and commits. Any other failure
+ * returns CES_APPLY_LOST: the transaction is rolled back and the caller must read the stream again
+ * from the stored positions. ces_apply_stream_abort rolls back an open stream.
+ */
+ces_apply_status_t ces_apply_stream_begin(ces_apply_t *apply, char *errstr, size_t errstr_size)
+    __attribute__((warn_unused_result));
+ces_apply_status_t ces_apply_stream_commit(ces_apply_t *apply, ces_batch_t *batch,
+                                           ces_apply_stats_t *stats, char *errstr,
+                                           size_t errstr_size) __attribute__((warn_unused_result));
+void ces_apply_stream_abort(ces_apply_t *apply);
+bool ces_apply_streaming(const ces_apply_t *apply);
 
 /* True while a connection is open and healthy. */
 bool ces_apply_connected(const ces_apply_t *apply);

@@ -17,9 +17,17 @@ typedef struct arena_block_s {
 struct ces_arena_s {
     arena_block_t *head; /* current block; older blocks follow */
     size_t footprint;
+    size_t block_size;
 };
 
-ces_arena_t *ces_arena_new(void) { return calloc(1, sizeof(ces_arena_t)); }
+ces_arena_t *ces_arena_new_sized(size_t first_block) {
+    ces_arena_t *a = calloc(1, sizeof(ces_arena_t));
+    if (a != NULL)
+        a->block_size = first_block < 256 ? 256 : first_block > ARENA_BLOCK_SIZE * 8 ? ARENA_BLOCK_SIZE * 8 : first_block;
+    return a;
+}
+
+ces_arena_t *ces_arena_new(void) { return ces_arena_new_sized(ARENA_BLOCK_SIZE); }
 
 void ces_arena_destroy(ces_arena_t *arena) {
     if (arena == NULL)
@@ -41,7 +49,7 @@ void *ces_arena_alloc(ces_arena_t *arena, size_t size) {
     if (b == NULL || b->size - b->used < rounded) {
         /* A large request gets a block of its own, placed behind the current one so the current
          * block's free space is not wasted. */
-        size_t want = rounded > ARENA_BLOCK_SIZE / 2 ? rounded : ARENA_BLOCK_SIZE;
+        size_t want = rounded > arena->block_size / 2 ? rounded : arena->block_size;
         if (want > SIZE_MAX - sizeof(arena_block_t))
             return NULL;
         arena_block_t *nb = malloc(sizeof(arena_block_t) + want);
@@ -50,7 +58,7 @@ void *ces_arena_alloc(ces_arena_t *arena, size_t size) {
         nb->size = want;
         nb->used = 0;
         arena->footprint += sizeof(arena_block_t) + want;
-        if (want != ARENA_BLOCK_SIZE && b != NULL) {
+        if (want != arena->block_size && b != NULL) {
             nb->next = b->next;
             b->next = nb;
         } else {

@@ -13,6 +13,9 @@ typedef struct ces_arena_s ces_arena_t;
 
 /* Returns a new empty arena, or NULL when out of memory. Owned by the caller. */
 ces_arena_t *ces_arena_new(void);
+/* The same, with blocks of about first_block bytes: an event's arena is sized to its record so that
+ * thousands of held events do not each pin a mostly empty default block. */
+ces_arena_t *ces_arena_new_sized(size_t first_block);
 /* Frees the arena and everything allocated from it. Accepts NULL. */
 void ces_arena_destroy(ces_arena_t *arena);
 

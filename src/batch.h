@@ -35,6 +35,8 @@ typedef struct {
     const char *logicalid; /* may be NULL */
     const void *raw;     /* the record's bytes, kept for a dead letter */
     size_t raw_len;
+    const ces_source_t *more_sources; /* other records this item covers (segments), in arena */
+    size_t nmore_sources;
     ces_arena_t *arena;  /* owned by the item */
     void *owner;         /* owned by the item: what keeps raw alive (a Kafka message), or NULL */
 } ces_item_t;

@@ -1,6 +1,8 @@
 
 #include "config.h"
 
+#include <ctype.h>
+#include <errno.h>
 #include <inttypes.h>
 #include <libconfig.h>
 #include <stdlib.h>
@@ -24,17 +26,38 @@ typedef struct {
 
 /* The single table of configuration keys (documented one by one in conf/ces2pg.conf). */
 static const key_t_ keys[] = {
+    /* Required for the daemon unless an Event Hubs connection string is given (see load). */
     {"kafka.brokers", KEY_STRING, F(kafka_brokers), NULL, true, false, 0, 0},
     {"kafka.topics", KEY_STRING_LIST, F(kafka_topics), NULL, true, false, 0, 0},
     {"kafka.group_id", KEY_STRING, F(kafka_group_id), "ces2pg", false, false, 0, 0},
     {"kafka.properties", KEY_STRING_LIST, F(kafka_properties), NULL, false, false, 0, 0},
     {"kafka.poll_ms", KEY_INT, F(kafka_poll_ms), "100", false, false, 1, 10000},
+    {"kafka.format", KEY_STRING, F(kafka_format), "auto", false, false, 0, 0},
+    {"kafka.eventhubs_connection_string", KEY_STRING, F(kafka_eventhubs_connection_string), NULL,
+     false, false, 0, 0},
+    {"kafka.eventhubs_connection_string_file", KEY_STRING,
+     F(kafka_eventhubs_connection_string_file), NULL, false, false, 0, 0},
+    {"kafka.ssl_ca_file", KEY_STRING, F(kafka_ssl_ca_file), NULL, false, false, 0, 0},
     {"postgres.conninfo", KEY_STRING, F(pg_conninfo), NULL, true, true, 0, 0},
     {"postgres.retry_max_ms", KEY_INT, F(pg_retry_max_ms), "30000", false, false, 100, 3600000},
     {"apply.batch_max_events", KEY_INT, F(apply_batch_max_events), "5000", false, false, 1,
      1000000},
     {"apply.batch_max_ms", KEY_INT, F(apply_batch_max_ms), "100", false, false, 0, 600000},
+    {"apply.ordering", KEY_STRING, F(apply_ordering), "transaction", false, false, 0, 0},
+    {"apply.reorder_window_ms", KEY_INT, F(apply_reorder_window_ms), "200", false, false, 0,
+     600000},
+    {"apply.max_pending_events", KEY_INT, F(apply_max_pending_events), "50000", false, false, 100,
+     100000000},
+    {"apply.dedup_window", KEY_INT, F(apply_dedup_window), "100000", false, false, 0, 100000000},
+    {"apply.lsn_guard", KEY_BOOL, F(apply_lsn_guard), "true", false, false, 0, 0},
+    {"apply.version_column", KEY_STRING, F(apply_version_column), "_ces_lsn", false, false, 0, 0},
+    {"apply.tombstone_retention", KEY_STRING, F(apply_tombstone_retention), "8 days", false, false,
+     0, 0},
     {"schema.metadata_schema", KEY_STRING, F(schema_metadata), "ces2pg", false, false, 0, 0},
+    {"schema.target", KEY_STRING, F(schema_target), "{schema}.{table}", false, false, 0, 0},
+    {"schema.identifier_case", KEY_STRING, F(schema_identifier_case), "lower", false, false, 0, 0},
+    {"schema.include", KEY_STRING_LIST, F(schema_include), NULL, false, false, 0, 0},
+    {"schema.exclude", KEY_STRING_LIST, F(schema_exclude), NULL, false, false, 0, 0},
     {"schema.auto_create", KEY_BOOL, F(schema_auto_create), "true", false, false, 0, 0},
     {"schema.auto_evolve", KEY_BOOL, F(schema_auto_evolve), "true", false, false, 0, 0},
     {"decode.max_record_bytes", KEY_INT, F(decode_max_record_bytes), "2097152", false, false, 1024,
@@ -188,8 +211,32 @@ nomem:
     return -1;
 }
 
+/* "8 days", "12 h", "90 minutes", "30 s" -> seconds. Returns 0, or -1 when malformed. */
+static int parse_duration(const char *text, int64_t *seconds) {
+    static const struct {
+        const char *unit;
+        int64_t factor;
+    } units[] = {{"s", 1},         {"sec", 1},     {"second", 1},  {"seconds", 1},
+                 {"min", 60},      {"minute", 60}, {"minutes", 60}, {"h", 3600},
+                 {"hour", 3600},   {"hours", 3600}, {"d", 86400},   {"day", 86400},
+                 {"days", 86400}};
+    char *end;
+    long long n = strtoll(text, &end, 10);
+    if (end == text || n < 0 || n > 100000000)
+        return -1;
+    while (*end == ' ')
+        end++;
+    for (size_t i = 0; i < sizeof(units) / sizeof(units[0]); i++) {
+        if (strcmp(end, units[i].unit) == 0) {
+            *seconds = (int64_t)n * units[i].factor;
+            return 0;
+        }
+    }
+    return -1;
+}
+
 /* Semantic checks that go beyond one key's type. */
-static int validate(const ces_config_t *c, config_t *cfg, const char *file, char *errstr,
+static int validate(ces_config_t *c, config_t *cfg, const char *file, char *errstr,
                     size_t errstr_size) {
     ces_log_level_t level;
     if (ces_log_level_parse(c->log_level, &level) != 0) {
@@ -215,9 +262,214 @@ static int validate(const ces_config_t *c, config_t *cfg, const char *file, char
             return -1;
         }
     }
+    if (strcmp(c->kafka_format, "auto") != 0 && strcmp(c->kafka_format, "json") != 0 &&
+        strcmp(c->kafka_format, "avro") != 0) {
+        config_setting_t *s = config_lookup(cfg, "kafka.format");
+        snprintf(errstr, errstr_size, "%s:%d: kafka.format must be \"auto\", \"json\" or \"avro\"",
+                 file, s ? config_setting_source_line(s) : 0);
+        return -1;
+    }
+    if (strcmp(c->apply_ordering, "transaction") != 0 && strcmp(c->apply_ordering, "partition") != 0) {
+        config_setting_t *s = config_lookup(cfg, "apply.ordering");
+        snprintf(errstr, errstr_size, "%s:%d: apply.ordering must be \"transaction\" or \"partition\"",
+                 file, s ? config_setting_source_line(s) : 0);
+        return -1;
+    }
+    if (parse_duration(c->apply_tombstone_retention, &c->apply_tombstone_retention_s) != 0) {
+        config_setting_t *s = config_lookup(cfg, "apply.tombstone_retention");
+        snprintf(errstr, errstr_size,
+                 "%s:%d: apply.tombstone_retention must be a number and a unit, like \"8 days\" "
+                 "(seconds, minutes, hours, days)",
+                 file, s ? config_setting_source_line(s) : 0);
+        return -1;
+    }
+    if (c->apply_version_column[0] == '\0' || strlen(c->apply_version_column) > 63) {
+        config_setting_t *s = config_lookup(cfg, "apply.version_column");
+        snprintf(errstr, errstr_size, "%s:%d: apply.version_column must be 1 to 63 bytes", file,
+                 s ? config_setting_source_line(s) : 0);
+        return -1;
+    }
+    const char *dot = strchr(c->schema_target, '.');
+    if (dot == NULL || dot == c->schema_target || dot[1] == '\0' || strchr(dot + 1, '.') != NULL) {
+        config_setting_t *s = config_lookup(cfg, "schema.target");
+        snprintf(errstr, errstr_size,
+                 "%s:%d: schema.target must be SCHEMA.TABLE, each part text and {db}, {schema} or "
+                 "{table}, like \"{schema}.{table}\" or \"staging.{db}_{table}\"",
+                 file, s ? config_setting_source_line(s) : 0);
+        return -1;
+    }
+    for (const char *p = c->schema_target; (p = strchr(p, '{')) != NULL; p++) {
+        if (strncmp(p, "{db}", 4) != 0 && strncmp(p, "{schema}", 8) != 0 &&
+            strncmp(p, "{table}", 7) != 0) {
+            config_setting_t *s = config_lookup(cfg, "schema.target");
+            snprintf(errstr, errstr_size,
+                     "%s:%d: schema.target: unknown placeholder at '%.20s' (use {db}, {schema}, "
+                     "{table})",
+                     file, s ? config_setting_source_line(s) : 0, p);
+            return -1;
+        }
+    }
+    if (strcmp(c->schema_identifier_case, "lower") != 0 &&
+        strcmp(c->schema_identifier_case, "preserve") != 0) {
+        config_setting_t *s = config_lookup(cfg, "schema.identifier_case");
+        snprintf(errstr, errstr_size, "%s:%d: schema.identifier_case must be \"lower\" or \"preserve\"",
+                 file, s ? config_setting_source_line(s) : 0);
+        return -1;
+    }
     if (c->schema_metadata[0] == '\0') {
         snprintf(errstr, errstr_size, "%s: schema.metadata_schema must not be empty", file);
         return -1;
+    }
+    return 0;
+}
+
+/* Line of a key in the file, or of its group, or 1: for error messages. */
+static int line_of(config_t *cfg, const char *name) {
+    config_setting_t *s = config_lookup(cfg, name);
+    if (s == NULL) {
+        char group[64];
+        snprintf(group, sizeof(group), "%.*s", (int)strcspn(name, "."), name);
+        s = config_lookup(cfg, group);
+    }
+    return s ? config_setting_source_line(s) : 1;
+}
+
+/* Reads an Event Hubs connection string from a file: its content without surrounding white space.
+ * Errors never quote the content. Returns a new string or NULL with errstr set. */
+static char *read_secret_file(const char *file, int line, const char *secret_path, char *errstr,
+                              size_t errstr_size) {
+    enum { MAX_SECRET = 65536 };
+    FILE *f = fopen(secret_path, "r");
+    if (f == NULL) {
+        snprintf(errstr, errstr_size,
+                 "%s:%d: kafka.eventhubs_connection_string_file: cannot read '%s': %s", file, line,
+                 secret_path, strerror(errno));
+        return NULL;
+    }
+    char *buf = malloc(MAX_SECRET + 1);
+    size_t len = buf ? fread(buf, 1, MAX_SECRET + 1, f) : 0;
+    bool failed = buf == NULL || ferror(f);
+    fclose(f);
+    if (failed || len > MAX_SECRET) {
+        snprintf(errstr, errstr_size, "%s:%d: kafka.eventhubs_connection_string_file: '%s' %s",
+                 file, line, secret_path,
+                 buf == NULL ? "cannot be read: out of memory"
+                 : failed    ? "cannot be read"
+                             : "is too large for a connection string");
+        free(buf);
+        return NULL;
+    }
+    size_t start = 0;
+    while (start < len && isspace((unsigned char)buf[start]))
+        start++;
+    while (len > start && isspace((unsigned char)buf[len - 1]))
+        len--;
+    memmove(buf, buf + start, len - start);
+    buf[len - start] = '\0';
+    if (buf[0] == '\0') {
+        snprintf(errstr, errstr_size, "%s:%d: kafka.eventhubs_connection_string_file: '%s' is empty",
+                 file, line, secret_path);
+        free(buf);
+        return NULL;
+    }
+    return buf;
+}
+
+/* The Event Hubs namespace host of a connection string's Endpoint=sb://HOST/ part, copied into
+ * host. Returns 0, or -1 when there is no usable Endpoint. */
+static int eventhubs_endpoint_host(const char *conn, char *host, size_t host_size) {
+    const char *p = conn;
+    while (*p != '\0') {
+        size_t len = strcspn(p, ";");
+        static const char key[] = "endpoint=";
+        if (len > sizeof(key) - 1 && strncasecmp(p, key, sizeof(key) - 1) == 0) {
+            const char *v = p + sizeof(key) - 1, *end = p + len;
+            while (v < end && isspace((unsigned char)*v))
+                v++;
+            const char *scheme = strstr(v, "://");
+            if (scheme == NULL || scheme >= end)
+                return -1;
+            v = scheme + 3;
+            size_t n = 0;
+            while (v + n < end && v[n] != '/')
+                n++;
+            if (n == 0 || n >= host_size)
+                return -1;
+            for (size_t i = 0; i < n; i++) {
+                if (!isalnum((unsigned char)v[i]) && v[i] != '.' && v[i] != '-' && v[i] != ':')
+                    return -1;
+            }
+            memcpy(host, v, n);
+            host[n] = '\0';
+            return 0;
+        }
+        p += len;
+        if (*p == ';')
+            p++;
+    }
+    return -1;
+}
+
+/* Event Hubs mode and TLS files: one source of the connection string, the bootstrap servers
+ * derived from it when kafka.brokers is not set, files readable. Never quotes the secret. */
+static int settle_kafka_security(ces_config_t *c, config_t *cfg, const char *file, char *errstr,
+                                 size_t errstr_size) {
+    if (c->kafka_eventhubs_connection_string_file != NULL) {
+        int line = line_of(cfg, "kafka.eventhubs_connection_string_file");
+        if (c->kafka_eventhubs_connection_string != NULL) {
+            snprintf(errstr, errstr_size,
+                     "%s:%d: set either kafka.eventhubs_connection_string or "
+                     "kafka.eventhubs_connection_string_file, not both",
+                     file, line);
+            return -1;
+        }
+        c->kafka_eventhubs_connection_string = read_secret_file(
+            file, line, c->kafka_eventhubs_connection_string_file, errstr, errstr_size);
+        if (c->kafka_eventhubs_connection_string == NULL)
+            return -1;
+    }
+    const char *conn = c->kafka_eventhubs_connection_string;
+    if (conn != NULL) {
+        const char *key = c->kafka_eventhubs_connection_string_file
+                              ? "kafka.eventhubs_connection_string_file"
+                              : "kafka.eventhubs_connection_string";
+        int line = line_of(cfg, key);
+        char host[256];
+        if (eventhubs_endpoint_host(conn, host, sizeof(host)) != 0) {
+            snprintf(errstr, errstr_size,
+                     "%s:%d: %s: not an Event Hubs connection string: no "
+                     "Endpoint=sb://NAMESPACE.servicebus.windows.net/ part (the value is not shown)",
+                     file, line, key);
+            return -1;
+        }
+        for (const char *p = conn; *p != '\0'; p++) {
+            if (iscntrl((unsigned char)*p)) {
+                snprintf(errstr, errstr_size,
+                         "%s:%d: %s: the connection string must be one line without control "
+                         "characters (the value is not shown)",
+                         file, line, key);
+                return -1;
+            }
+        }
+        if (c->kafka_brokers == NULL) {
+            size_t n = strlen(host) + sizeof(":9093");
+            c->kafka_brokers = malloc(n);
+            if (c->kafka_brokers == NULL) {
+                snprintf(errstr, errstr_size, "%s: out of memory", file);
+                return -1;
+            }
+            /* Event Hubs' Kafka endpoint listens on 9093. */
+            snprintf(c->kafka_brokers, n, "%s%s", host, strchr(host, ':') ? "" : ":9093");
+        }
+    }
+    if (c->kafka_ssl_ca_file != NULL) {
+        FILE *f = fopen(c->kafka_ssl_ca_file, "r");
+        if (f == NULL) {
+            snprintf(errstr, errstr_size, "%s:%d: kafka.ssl_ca_file: cannot read '%s': %s", file,
+                     line_of(cfg, "kafka.ssl_ca_file"), c->kafka_ssl_ca_file, strerror(errno));
+            return -1;
+        }
+        fclose(f);
     }
     return 0;
 }
@@ -281,16 +533,25 @@ ces_config_status_t ces_config_load(const char *path, ces_config_mode_t mode, ce
     for (size_t i = 0; i < NKEYS; i++) {
         bool required = mode == CES_CONFIG_DAEMON ? keys[i].required_for_daemon
                                                   : keys[i].required_for_replay;
+        /* Event Hubs mode derives kafka.brokers from the connection string. */
+        bool brokers = strcmp(keys[i].name, "kafka.brokers") == 0;
+        if (brokers && (config_lookup(&cfg, "kafka.eventhubs_connection_string") != NULL ||
+                        config_lookup(&cfg, "kafka.eventhubs_connection_string_file") != NULL))
+            required = false;
         if (required && config_lookup(&cfg, keys[i].name) == NULL) {
             /* Point at the group that lacks the key, or at the top of the file. */
             char group[64];
             snprintf(group, sizeof(group), "%.*s", (int)strcspn(keys[i].name, "."), keys[i].name);
             config_setting_t *g = config_lookup(&cfg, group);
-            snprintf(errstr, errstr_size, "%s:%d: missing required key '%s'", path,
-                     g ? config_setting_source_line(g) : 1, keys[i].name);
+            snprintf(errstr, errstr_size, "%s:%d: missing required key '%s'%s", path,
+                     g ? config_setting_source_line(g) : 1, keys[i].name,
+                     brokers ? " (or kafka.eventhubs_connection_string, from which it is derived)"
+                             : "");
             goto done;
         }
     }
+    if (settle_kafka_security(c, &cfg, path, errstr, errstr_size) != 0)
+        goto done;
     if (mode == CES_CONFIG_DAEMON && c->kafka_topics.count == 0) {
         config_setting_t *s = config_lookup(&cfg, "kafka.topics");
         snprintf(errstr, errstr_size, "%s:%d: kafka.topics must name at least one topic", path,
@@ -334,6 +595,9 @@ void ces_config_print(const ces_config_t *c, FILE *out) {
             /* The connection string may carry a password: print its keys, never its values. */
             if (v != NULL && strcmp(keys[i].name, "postgres.conninfo") == 0)
                 fprintf(out, "(set, %zu characters)\n", strlen(v));
+            else if (strcmp(keys[i].name, "kafka.eventhubs_connection_string") == 0)
+                /* A secret: not even its length. */
+                fprintf(out, "%s\n", v != NULL ? "(set)" : "\"\"");
             else
                 fprintf(out, "\"%s\"\n", v ? v : "");
             break;

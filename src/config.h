@@ -27,14 +27,34 @@ typedef struct {
     char *kafka_group_id;
     ces_strlist_t kafka_properties; /* "name=value" strings for librdkafka */
     int64_t kafka_poll_ms;
+    char *kafka_format; /* record encoding: "auto", "json" or "avro" */
+    /* Event Hubs mode: the connection string (a secret: never printed or logged). After loading it
+     * holds the value of kafka.eventhubs_connection_string or the trimmed content of
+     * kafka.eventhubs_connection_string_file, and kafka_brokers is derived from its Endpoint when
+     * kafka.brokers is not set. NULL when neither key is set. */
+    char *kafka_eventhubs_connection_string;
+    char *kafka_eventhubs_connection_string_file;
+    char *kafka_ssl_ca_file; /* ssl.ca.location: CA certificates (PEM) for a private CA */
 
     char *pg_conninfo;
     int64_t pg_retry_max_ms;
 
     int64_t apply_batch_max_events;
     int64_t apply_batch_max_ms;
+    char *apply_ordering; /* "transaction" or "partition" */
+    int64_t apply_reorder_window_ms;
+    int64_t apply_max_pending_events;
+    int64_t apply_dedup_window;
+    bool apply_lsn_guard;
+    char *apply_version_column;
+    char *apply_tombstone_retention; /* "8 days" */
+    int64_t apply_tombstone_retention_s; /* derived from it */
 
     char *schema_metadata;
+    char *schema_target;          /* "{schema}.{table}" */
+    char *schema_identifier_case; /* "lower" or "preserve" */
+    ces_strlist_t schema_include; /* globs on "schema.table"; empty: every table */
+    ces_strlist_t schema_exclude;
     bool schema_auto_create;
     bool schema_auto_evolve;
 

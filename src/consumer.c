@@ -11,7 +11,11 @@ struct ces_consumer_s {
     rd_kafka_t *rk;
     ces_consumer_callbacks_t callbacks;
     size_t assigned;
-    bool failed; /* a callback asked to stop */
+    bool failed; /* a callback asked to stop, or a Kafka error that retrying cannot fix */
+    /* Secrets that must never reach the log, even through librdkafka's own messages: the Event
+     * Hubs connection string and its SharedAccessKey. Owned; NULL when absent. */
+    char *secrets[2];
+    char eof_topic[256];
     char failure[512];
 };
 
@@ -22,11 +26,79 @@ static const char *const reserved[] = {"group.id", "enable.auto.offset.store", "
 static const char *const defaults[][2] = {
     {"auto.offset.reset", "earliest"},
     {"enable.auto.commit", "true"},
-    {"enable.partition.eof", "false"},
 };
 
+/* Event Hubs mode (kafka.eventhubs_connection_string): how the Kafka endpoint authenticates. */
+static const char *const eventhubs_security[][2] = {
+    {"security.protocol", "SASL_SSL"},
+    {"sasl.mechanisms", "PLAIN"},
+    {"sasl.username", "$ConnectionString"},
+};
+
+/* Microsoft's recommended client settings for Event Hubs (applied in Event Hubs mode); each may be
+ * overridden through kafka.properties. Azure closes connections idle for 240 s. */
+static const char *const eventhubs_defaults[][2] = {
+    {"socket.keepalive.enable", "true"},  {"metadata.max.age.ms", "180000"},
+    {"connections.max.idle.ms", "180000"}, {"session.timeout.ms", "30000"},
+    {"heartbeat.interval.ms", "3000"},     {"max.poll.interval.ms", "300000"},
+};
+
+/* Set from kafka.eventhubs_connection_string; naming them in kafka.properties too is an error. */
+static const char *const eventhubs_reserved[] = {"sasl.username", "sasl.password"};
+
+/* Needed by ces2pg itself: the transaction orderer must know when a partition is caught up. */
+static const char *const forced[][2] = {
+    {"enable.partition.eof", "true"},
+};
+
+/* in, or a copy in out with every secret of c replaced by "(redacted)". */
+static const char *redact(const ces_consumer_t *c, const char *in, char *out, size_t out_size) {
+    size_t nsecrets = sizeof(c->secrets) / sizeof(c->secrets[0]);
+    bool hit = false;
+    for (size_t i = 0; c != NULL && i < nsecrets; i++)
+        hit = hit || (c->secrets[i] != NULL && strstr(in, c->secrets[i]) != NULL);
+    if (!hit)
+        return in;
+    static const char mark[] = "(redacted)";
+    size_t o = 0;
+    for (const char *p = in; *p != '\0' && o + 1 < out_size;) {
+        size_t matched = 0;
+        for (size_t i = 0; i < nsecrets && matched == 0; i++) {
+            size_t n = c->secrets[i] ? strlen(c->secrets[i]) : 0;
+            if (n > 0 && strncmp(p, c->secrets[i], n) == 0)
+                matched = n;
+        }
+        if (matched > 0) {
+            size_t n = sizeof(mark) - 1 < out_size - 1 - o ? sizeof(mark) - 1 : out_size - 1 - o;
+            memcpy(out + o, mark, n);
+            o += n;
+            p += matched;
+        } else {
+            out[o++] = *p++;
+        }
+    }
+    out[o] = '\0';
+    return out;
+}
+
+/* The SharedAccessKey=... value of an Event Hubs connection string (a new string), or NULL. */
+static char *shared_access_key(const char *conn) {
+    static const char key[] = "sharedaccesskey=";
+    for (const char *p = conn; *p != '\0';) {
+        size_t len = strcspn(p, ";");
+        /* At least 8 characters: redacting a short common string would garble the log. */
+        if (len >= sizeof(key) - 1 + 8 && strncasecmp(p, key, sizeof(key) - 1) == 0)
+            return strndup(p + sizeof(key) - 1, len - (sizeof(key) - 1));
+        p += len;
+        if (*p == ';')
+            p++;
+    }
+    return NULL;
+}
+
 static void log_cb(const rd_kafka_t *rk, int level, const char *fac, const char *buf) {
-    (void)rk;
+    char safe[4096];
+    buf = redact(rd_kafka_opaque(rk), buf, safe, sizeof(safe));
     /* syslog levels: 0-3 errors, 4 warning, 5-6 notice/info, 7 debug */
     ces_log_level_t l = level <= 3   ? CES_LOG_ERROR
                         : level == 4 ? CES_LOG_WARNING
@@ -35,16 +107,46 @@ static void log_cb(const rd_kafka_t *rk, int level, const char *fac, const char 
     ces_log(l, "kafka: %s: %s", fac, buf);
 }
 
+/* True when an SSL error is a network accident (a connection cut during the handshake) rather
+ * than a problem with certificates or protocol that retrying cannot fix. */
+static bool ssl_error_is_transient(const char *reason) {
+    static const char *const transient[] = {"Disconnected", "unexpected eof", "reset by peer",
+                                            "Connection reset", "timed out", "SSL transport error"};
+    for (size_t i = 0; i < sizeof(transient) / sizeof(transient[0]); i++) {
+        if (strstr(reason, transient[i]) != NULL)
+            return true;
+    }
+    return false;
+}
+
+/* Runs on the thread that polls (the main queue is forwarded to the consumer queue): sets the
+ * failure that ces_consumer_poll reports. */
 static void error_cb(rd_kafka_t *rk, int err, const char *reason, void *opaque) {
-    (void)opaque;
+    ces_consumer_t *c = opaque;
+    char safe[1024];
+    reason = redact(c, reason, safe, sizeof(safe));
+    const char *what = NULL;
+    char why[512];
     if (err == RD_KAFKA_RESP_ERR__FATAL) {
-        char why[512];
         rd_kafka_fatal_error(rk, why, sizeof(why));
-        ces_log_error("kafka: fatal error: %s", why);
+        reason = redact(c, why, safe, sizeof(safe));
+        what = "fatal error";
+    } else if (err == RD_KAFKA_RESP_ERR__AUTHENTICATION) {
+        /* Retrying a wrong password only locks the account or floods the broker's log. */
+        what = "authentication failed (check kafka.eventhubs_connection_string, or the sasl.* "
+               "properties)";
+    } else if (err == RD_KAFKA_RESP_ERR__SSL && !ssl_error_is_transient(reason)) {
+        what = "TLS failure (check kafka.ssl_ca_file, the broker's certificate and host name, and "
+               "that the broker port speaks TLS)";
+    }
+    if (what == NULL || c->failed) {
+        /* Transient (librdkafka reconnects by itself), or the daemon is stopping already. */
+        ces_log_warning("kafka: %s: %s", rd_kafka_err2name((rd_kafka_resp_err_t)err), reason);
         return;
     }
-    /* Transient: librdkafka reconnects by itself. */
-    ces_log_warning("kafka: %s: %s", rd_kafka_err2name((rd_kafka_resp_err_t)err), reason);
+    /* ces_consumer_poll reports it; the daemon logs it and exits 1. */
+    c->failed = true;
+    snprintf(c->failure, sizeof(c->failure), "kafka: %s: %s", what, reason);
 }
 
 /* Builds the librdkafka configuration from config. Returns NULL with errstr set. */
@@ -61,12 +163,56 @@ static rd_kafka_conf_t *build_conf(const ces_config_t *config, char *errstr, siz
             goto fail;
         }
     }
+    const char *eventhubs = config->kafka_eventhubs_connection_string;
+    if (eventhubs != NULL) {
+        for (size_t i = 0; i < sizeof(eventhubs_security) / sizeof(eventhubs_security[0]); i++) {
+            if (rd_kafka_conf_set(conf, eventhubs_security[i][0], eventhubs_security[i][1], err,
+                                  sizeof(err)) != RD_KAFKA_CONF_OK) {
+                snprintf(errstr, errstr_size, "%s: kafka.eventhubs_connection_string: %s",
+                         config->path, err);
+                goto fail;
+            }
+        }
+        /* librdkafka's message could quote the value: say less. */
+        if (rd_kafka_conf_set(conf, "sasl.password", eventhubs, err, sizeof(err)) !=
+            RD_KAFKA_CONF_OK) {
+            snprintf(errstr, errstr_size,
+                     "%s: kafka.eventhubs_connection_string: librdkafka refused it as "
+                     "sasl.password",
+                     config->path);
+            goto fail;
+        }
+        for (size_t i = 0; i < sizeof(eventhubs_defaults) / sizeof(eventhubs_defaults[0]); i++) {
+            if (rd_kafka_conf_set(conf, eventhubs_defaults[i][0], eventhubs_defaults[i][1], err,
+                                  sizeof(err)) != RD_KAFKA_CONF_OK) {
+                snprintf(errstr, errstr_size, "librdkafka: %s", err);
+                *status = CES_CONSUMER_FATAL;
+                goto fail;
+            }
+        }
+    }
+    if (config->kafka_ssl_ca_file != NULL &&
+        rd_kafka_conf_set(conf, "ssl.ca.location", config->kafka_ssl_ca_file, err, sizeof(err)) !=
+            RD_KAFKA_CONF_OK) {
+        snprintf(errstr, errstr_size, "%s: kafka.ssl_ca_file: %s", config->path, err);
+        goto fail;
+    }
     for (size_t i = 0; i < config->kafka_properties.count; i++) {
         const char *item = config->kafka_properties.items[i];
         int line = config->kafka_properties.lines[i];
         size_t name_len = strcspn(item, "=");
         char name[256];
         snprintf(name, sizeof(name), "%.*s", (int)name_len, item);
+        for (size_t r = 0; eventhubs != NULL && r < sizeof(eventhubs_reserved) /
+                                                         sizeof(eventhubs_reserved[0]); r++) {
+            if (strcmp(name, eventhubs_reserved[r]) == 0) {
+                snprintf(errstr, errstr_size,
+                         "%s:%d: kafka.properties: '%s' is set from "
+                         "kafka.eventhubs_connection_string: remove one of them",
+                         config->path, line, name);
+                goto fail;
+            }
+        }
         for (size_t r = 0; r < sizeof(reserved) / sizeof(reserved[0]); r++) {
             if (strcmp(name, reserved[r]) == 0) {
                 snprintf(errstr, errstr_size,
@@ -99,6 +245,14 @@ static rd_kafka_conf_t *build_conf(const ces_config_t *config, char *errstr, siz
             RD_KAFKA_CONF_OK) {
         snprintf(errstr, errstr_size, "%s: kafka.group_id: %s", config->path, err);
         goto fail;
+    }
+    for (size_t i = 0; i < sizeof(forced) / sizeof(forced[0]); i++) {
+        if (rd_kafka_conf_set(conf, forced[i][0], forced[i][1], err, sizeof(err)) !=
+            RD_KAFKA_CONF_OK) {
+            snprintf(errstr, errstr_size, "librdkafka: %s", err);
+            *status = CES_CONSUMER_FATAL;
+            goto fail;
+        }
     }
     rd_kafka_conf_set_log_cb(conf, log_cb);
     rd_kafka_conf_set_error_cb(conf, error_cb);
@@ -180,8 +334,10 @@ static void rebalance_cb(rd_kafka_t *rk, rd_kafka_resp_err_t err,
             else
                 ret = rd_kafka_assign(rk, parts);
             c->assigned = cooperative ? c->assigned + (size_t)parts->cnt : (size_t)parts->cnt;
-            ces_log_info("assigned %d partition(s)%s", parts->cnt,
-                         cooperative ? " (cooperative)" : "");
+            /* A cooperative rebalance that moves nothing here assigns an empty list: not news. */
+            if (parts->cnt > 0 || !cooperative)
+                ces_log_info("assigned %d partition(s)%s", parts->cnt,
+                             cooperative ? " (cooperative)" : "");
         }
     } else if (err == RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS) {
         /* A lost assignment (session timed out) may already belong to someone else: its pending
@@ -216,6 +372,12 @@ static void rebalance_cb(rd_kafka_t *rk, rd_kafka_resp_err_t err,
     }
 }
 
+static void consumer_free(ces_consumer_t *c) {
+    for (size_t i = 0; i < sizeof(c->secrets) / sizeof(c->secrets[0]); i++)
+        free(c->secrets[i]);
+    free(c);
+}
+
 ces_consumer_status_t ces_consumer_new(const ces_config_t *config,
                                        const ces_consumer_callbacks_t *callbacks,
                                        ces_consumer_t **out, char *errstr, size_t errstr_size) {
@@ -227,9 +389,18 @@ ces_consumer_status_t ces_consumer_new(const ces_config_t *config,
         return CES_CONSUMER_FATAL;
     }
     c->callbacks = *callbacks;
+    if (config->kafka_eventhubs_connection_string != NULL) {
+        c->secrets[0] = strdup(config->kafka_eventhubs_connection_string);
+        c->secrets[1] = shared_access_key(config->kafka_eventhubs_connection_string);
+        if (c->secrets[0] == NULL) {
+            consumer_free(c);
+            snprintf(errstr, errstr_size, "out of memory");
+            return CES_CONSUMER_FATAL;
+        }
+    }
     rd_kafka_conf_t *conf = build_conf(config, errstr, errstr_size, &status);
     if (conf == NULL) {
-        free(c);
+        consumer_free(c);
         return status;
     }
     rd_kafka_conf_set_rebalance_cb(conf, rebalance_cb);
@@ -238,8 +409,10 @@ ces_consumer_status_t ces_consumer_new(const ces_config_t *config,
     c->rk = rd_kafka_new(RD_KAFKA_CONSUMER, conf, err, sizeof(err));
     if (c->rk == NULL) {
         rd_kafka_conf_destroy(conf);
-        free(c);
-        snprintf(errstr, errstr_size, "%s: creating the Kafka consumer: %s", config->path, err);
+        char safe[sizeof(err)];
+        snprintf(errstr, errstr_size, "%s: creating the Kafka consumer: %s", config->path,
+                 redact(c, err, safe, sizeof(safe)));
+        consumer_free(c);
         return CES_CONSUMER_CONFIG;
     }
     rd_kafka_poll_set_consumer(c->rk);
@@ -254,7 +427,7 @@ ces_consumer_status_t ces_consumer_new(const ces_config_t *config,
     if (rerr != RD_KAFKA_RESP_ERR_NO_ERROR) {
         snprintf(errstr, errstr_size, "subscribing: %s", rd_kafka_err2str(rerr));
         rd_kafka_destroy(c->rk);
-        free(c);
+        consumer_free(c);
         return CES_CONSUMER_FATAL;
     }
     ces_log_info("subscribed to %zu topic(s) as group '%s' (librdkafka %s)",
@@ -271,7 +444,7 @@ void ces_consumer_destroy(ces_consumer_t *c) {
     if (err != RD_KAFKA_RESP_ERR_NO_ERROR)
         ces_log_warning("kafka: closing the consumer: %s", rd_kafka_err2str(err));
     rd_kafka_destroy(c->rk);
-    free(c);
+    consumer_free(c);
 }
 
 ces_poll_status_t ces_consumer_poll(ces_consumer_t *c, int timeout_ms, ces_record_t *record,
@@ -279,11 +452,22 @@ ces_poll_status_t ces_consumer_poll(ces_consumer_t *c, int timeout_ms, ces_recor
     rd_kafka_message_t *m = rd_kafka_consumer_poll(c->rk, timeout_ms);
     if (c->failed) {
         snprintf(errstr, errstr_size, "%s", c->failure);
-        rd_kafka_message_destroy(m);
+        if (m != NULL) /* librdkafka does not accept NULL here */
+            rd_kafka_message_destroy(m);
         return CES_POLL_FATAL;
     }
     if (m == NULL)
         return CES_POLL_IDLE;
+    if (m->err == RD_KAFKA_RESP_ERR__PARTITION_EOF) {
+        /* Copied: the name belongs to the message's topic handle. */
+        snprintf(c->eof_topic, sizeof(c->eof_topic), "%s", rd_kafka_topic_name(m->rkt));
+        record->topic = c->eof_topic;
+        record->partition = m->partition;
+        record->offset = m->offset;
+        record->handle = NULL;
+        rd_kafka_message_destroy(m);
+        return CES_POLL_EOF;
+    }
     if (m->err != RD_KAFKA_RESP_ERR_NO_ERROR) {
         rd_kafka_resp_err_t err = m->err;
         if (err == RD_KAFKA_RESP_ERR__FATAL) {
@@ -350,6 +534,30 @@ int ces_consumer_seek(ces_consumer_t *c, const char *topic, int32_t partition, i
     }
     rd_kafka_topic_partition_list_destroy(l);
     return rc;
+}
+
+int ces_consumer_pause(ces_consumer_t *c, const char *topic, int32_t partition, bool pause) {
+    rd_kafka_topic_partition_list_t *l = rd_kafka_topic_partition_list_new(1);
+    rd_kafka_topic_partition_list_add(l, topic, partition);
+    rd_kafka_resp_err_t err =
+        pause ? rd_kafka_pause_partitions(c->rk, l) : rd_kafka_resume_partitions(c->rk, l);
+    rd_kafka_topic_partition_list_destroy(l);
+    if (err != RD_KAFKA_RESP_ERR_NO_ERROR) {
+        ces_log_warning("kafka: %s %s[%d]: %s", pause ? "pausing" : "resuming", topic,
+                        (int)partition, rd_kafka_err2str(err));
+        return -1;
+    }
+    return 0;
+}
+
+int ces_consumer_high_watermark(ces_consumer_t *c, const char *topic, int32_t partition,
+                                int64_t *high) {
+    int64_t low;
+    if (rd_kafka_get_watermark_offsets(c->rk, topic, partition, &low, high) !=
+            RD_KAFKA_RESP_ERR_NO_ERROR ||
+        *high < 0)
+        return -1;
+    return 0;
 }
 
 size_t ces_consumer_assigned_count(const ces_consumer_t *c) { return c->assigned; }

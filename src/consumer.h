@@ -46,6 +46,7 @@ typedef enum {
 
 typedef enum {
     CES_POLL_RECORD,
+    CES_POLL_EOF,   /* record->topic and ->partition reached the end of what the broker has */
     CES_POLL_IDLE,  /* nothing arrived within the timeout */
     CES_POLL_FATAL, /* the client cannot go on; errstr says why */
 } ces_poll_status_t;
@@ -83,6 +84,15 @@ void ces_consumer_store_offset(ces_consumer_t *consumer, const char *topic, int3
 /* Moves a partition's fetch position (after a rolled-back batch). Returns 0 or -1. */
 int ces_consumer_seek(ces_consumer_t *consumer, const char *topic, int32_t partition,
                       int64_t offset);
+
+/* Stops (pause = true) or resumes fetching a partition: memory stays bounded while the records
+ * already read wait for slower partitions. Returns 0 or -1. */
+int ces_consumer_pause(ces_consumer_t *consumer, const char *topic, int32_t partition, bool pause);
+
+/* The partition's high watermark as of the last fetch response (cached: no round trip). Returns 0,
+ * or -1 when librdkafka does not know it yet. */
+int ces_consumer_high_watermark(ces_consumer_t *consumer, const char *topic, int32_t partition,
+                                int64_t *high);
 
 /* Number of partitions currently assigned. */
 size_t ces_consumer_assigned_count(const ces_consumer_t *consumer);

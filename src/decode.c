@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "avro.h"
 #include "json.h"
 
 #define CES_EVENT_TYPE "com.microsoft.SQL.CES.DML.V1"
@@ -13,10 +14,27 @@
 struct ces_decoder_s {
     ces_decode_limits_t limits;
     ces_json_limits_t json_limits;
+    ces_json_limits_t inner_limits; /* the same, for text this decoder produced (valid UTF-8) */
     ces_json_parser_t *parser;
+    ces_avro_t *avro;
+    uint32_t *dup_table; /* scratch of check_unique_keys */
+    size_t dup_capacity;
 };
 
+int ces_decode_format_parse(const char *text, ces_decode_format_t *format) {
+    if (strcmp(text, "auto") == 0)
+        *format = CES_FORMAT_AUTO;
+    else if (strcmp(text, "json") == 0)
+        *format = CES_FORMAT_JSON;
+    else if (strcmp(text, "avro") == 0)
+        *format = CES_FORMAT_AVRO;
+    else
+        return -1;
+    return 0;
+}
+
 void ces_decode_limits_default(ces_decode_limits_t *limits) {
+    limits->format = CES_FORMAT_AUTO;
     limits->max_record_bytes = 2u << 20;
     limits->max_event_bytes = 64u << 20;
     limits->max_depth = 16;
@@ -33,9 +51,13 @@ ces_decoder_t *ces_decoder_new(const ces_decode_limits_t *limits) {
     /* Containers other than column lists (the envelope has 11 attributes) get some headroom; the
      * column lists are checked against max_columns exactly. */
     d->json_limits.max_container = limits->max_columns + 64;
+    d->inner_limits = d->json_limits;
+    d->inner_limits.valid_utf8 = true;
     d->parser = ces_json_parser_new();
-    if (d->parser == NULL) {
-        free(d);
+    char err[256];
+    d->avro = ces_avro_new(&d->json_limits, err, sizeof(err));
+    if (d->parser == NULL || d->avro == NULL) {
+        ces_decoder_destroy(d);
         return NULL;
     }
     return d;
@@ -45,6 +67,8 @@ void ces_decoder_destroy(ces_decoder_t *decoder) {
     if (decoder == NULL)
         return;
     ces_json_parser_destroy(decoder->parser);
+    ces_avro_destroy(decoder->avro);
+    free(decoder->dup_table);
     free(decoder);
 }
 
@@ -105,15 +129,48 @@ static ces_decode_status_t get_bool(const ces_json_t *obj, const char *where, co
     return CES_DECODE_OK;
 }
 
-/* Rejects objects that name one attribute twice: which of the two CES meant is unknowable. */
-static ces_decode_status_t check_unique_keys(const ces_json_t *obj, const char *where, char *errstr,
-                                             size_t errstr_size) {
-    for (size_t i = 1; i < obj->count; i++) {
-        for (size_t j = 0; j < i; j++) {
-            if (obj->members[i].key_len == obj->members[j].key_len &&
-                memcmp(obj->members[i].key, obj->members[j].key, obj->members[i].key_len) == 0)
-                REJECT("%s: attribute '%.60s' appears twice", where, obj->members[i].key);
+static bool same_key(const ces_json_member_t *a, const ces_json_member_t *b) {
+    return a->key_len == b->key_len && memcmp(a->key, b->key, a->key_len) == 0;
+}
+
+/* Rejects objects that name one attribute twice: which of the two CES meant is unknowable. Small
+ * objects are compared pairwise; a row image of thousands of columns goes through a hash table
+ * (open addressing in the decoder's scratch), so the check stays linear. */
+static ces_decode_status_t check_unique_keys(ces_decoder_t *d, const ces_json_t *obj,
+                                             const char *where, char *errstr, size_t errstr_size) {
+    const ces_json_member_t *m = obj->members;
+    if (obj->count <= 16) {
+        for (size_t i = 1; i < obj->count; i++) {
+            for (size_t j = 0; j < i; j++) {
+                if (same_key(&m[i], &m[j]))
+                    REJECT("%s: attribute '%.60s' appears twice", where, m[i].key);
+            }
         }
+        return CES_DECODE_OK;
+    }
+    size_t cap = 64;
+    while (cap < obj->count * 2)
+        cap *= 2;
+    if (cap > d->dup_capacity) {
+        uint32_t *t = realloc(d->dup_table, cap * sizeof(*t));
+        if (t == NULL)
+            return CES_DECODE_NOMEM;
+        d->dup_table = t;
+        d->dup_capacity = cap;
+    }
+    uint32_t *table = d->dup_table; /* member index + 1; 0 = empty */
+    memset(table, 0, cap * sizeof(*table));
+    for (size_t i = 0; i < obj->count; i++) {
+        uint64_t h = UINT64_C(1469598103934665603); /* FNV-1a */
+        for (size_t k = 0; k < m[i].key_len; k++)
+            h = (h ^ (unsigned char)m[i].key[k]) * UINT64_C(1099511628211);
+        size_t slot = (size_t)h & (cap - 1);
+        while (table[slot] != 0) {
+            if (same_key(&m[i], &m[table[slot] - 1]))
+                REJECT("%s: attribute '%.60s' appears twice", where, m[i].key);
+            slot = (slot + 1) & (cap - 1);
+        }
+        table[slot] = (uint32_t)(i + 1);
     }
     return CES_DECODE_OK;
 }
@@ -125,6 +182,20 @@ static ces_decode_status_t check_unique_keys(const ces_json_t *obj, const char *
             return try_status_;                                                                    \
     } while (0)
 
+/* A JSON CloudEvent starts with '{', possibly after blanks; an Avro ChangeEvent starts with the
+ * length of its specversion string (0x06 for "1.0") and a container with "Obj" 0x01. */
+static bool looks_like_json(const unsigned char *bytes, size_t len) {
+    size_t i = 0;
+    while (i < len && (bytes[i] == ' ' || bytes[i] == '\n' || bytes[i] == '\r' || bytes[i] == '\t'))
+        i++;
+    return i < len && bytes[i] == '{';
+}
+
+static ces_decode_status_t avro_status(ces_avro_status_t st) {
+    return st == CES_AVRO_OK ? CES_DECODE_OK
+                             : st == CES_AVRO_NOMEM ? CES_DECODE_NOMEM : CES_DECODE_REJECTED;
+}
+
 ces_decode_status_t ces_decode_envelope(ces_decoder_t *decoder, ces_arena_t *arena,
                                         const void *record, size_t len, ces_envelope_t *envelope,
                                         char *errstr, size_t errstr_size) {
@@ -135,22 +206,36 @@ ces_decode_status_t ces_decode_envelope(ces_decoder_t *decoder, ces_arena_t *are
         REJECT("record of %zu bytes exceeds the limit of %zu bytes (decode.max_record_bytes)", len,
                decoder->limits.max_record_bytes);
     const unsigned char *bytes = record;
-    if (bytes[0] != '{' && bytes[0] != ' ' && bytes[0] != '\n' && bytes[0] != '\r' &&
-        bytes[0] != '\t')
-        REJECT("record does not start with '{': not a JSON CloudEvent (Avro binary records are not "
-               "supported yet)");
-
-    char jerr[256];
-    const ces_json_t *root =
-        ces_json_parse(decoder->parser, arena, record, len, &decoder->json_limits, jerr, sizeof(jerr));
-    if (root == NULL) {
-        if (strcmp(jerr, "out of memory") == 0)
-            return CES_DECODE_NOMEM;
-        REJECT("envelope: %s", jerr);
+    bool json = looks_like_json(bytes, len);
+    const ces_json_t *root;
+    if (decoder->limits.format == CES_FORMAT_JSON && !json)
+        REJECT("record does not start with '{': not a JSON CloudEvent (kafka.format is \"json\")");
+    if (decoder->limits.format == CES_FORMAT_AVRO || !json) {
+        char aerr[400];
+        ces_avro_status_t st =
+            ces_avro_read_envelope(decoder->avro, arena, record, len, &root, aerr, sizeof(aerr));
+        if (st == CES_AVRO_INVALID) {
+            if (decoder->limits.format == CES_FORMAT_AUTO && !ces_avro_is_container(record, len))
+                REJECT("record is not JSON (no '{'), and as Avro: %s", aerr);
+            REJECT("%s", aerr);
+        }
+        if (st != CES_AVRO_OK)
+            return avro_status(st);
+        envelope->avro = true;
+    } else {
+        char jerr[256];
+        root = ces_json_parse(decoder->parser, arena, record, len, &decoder->json_limits, jerr,
+                              sizeof(jerr));
+        if (root == NULL) {
+            if (strcmp(jerr, "out of memory") == 0)
+                return CES_DECODE_NOMEM;
+            REJECT("envelope: %s", jerr);
+        }
+        if (root->type != CES_JSON_OBJECT)
+            REJECT("envelope: a CloudEvent must be a JSON object, not %s",
+                   ces_json_type_name(root->type));
+        TRY(check_unique_keys(decoder, root, "envelope", errstr, errstr_size));
     }
-    if (root->type != CES_JSON_OBJECT)
-        REJECT("envelope: a CloudEvent must be a JSON object, not %s", ces_json_type_name(root->type));
-    TRY(check_unique_keys(root, "envelope", errstr, errstr_size));
 
     const char *specversion, *type, *operation;
     TRY(get_string(root, "envelope", "specversion", true, &specversion, errstr, errstr_size));
@@ -267,7 +352,7 @@ static ces_decode_status_t decode_image(ces_decoder_t *decoder, ces_arena_t *are
     const ces_json_t *obj = v;
     if (v->type == CES_JSON_STRING) {
         char jerr[256];
-        obj = ces_json_parse(decoder->parser, arena, v->text, v->text_len, &decoder->json_limits,
+        obj = ces_json_parse(decoder->parser, arena, v->text, v->text_len, &decoder->inner_limits,
                              jerr, sizeof(jerr));
         if (obj == NULL) {
             if (strcmp(jerr, "out of memory") == 0)
@@ -279,7 +364,7 @@ static ces_decode_status_t decode_image(ces_decoder_t *decoder, ces_arena_t *are
         REJECT("eventrow.%s must hold a JSON object, not %s", name, ces_json_type_name(obj->type));
     char where[32];
     snprintf(where, sizeof(where), "eventrow.%s", name);
-    TRY(check_unique_keys(obj, where, errstr, errstr_size));
+    TRY(check_unique_keys(decoder, obj, where, errstr, errstr_size));
     if (obj->count == 0)
         return CES_DECODE_OK;
     if (obj->count > decoder->limits.max_columns)
@@ -431,22 +516,34 @@ ces_decode_status_t ces_decode_event(ces_decoder_t *decoder, ces_arena_t *arena,
             REJECT("event data of %zu bytes exceeds the limit of %zu bytes "
                    "(decode.max_event_bytes)",
                    len, decoder->limits.max_event_bytes);
-        char jerr[256];
-        root = ces_json_parse(decoder->parser, arena, data, len, &decoder->json_limits, jerr,
-                              sizeof(jerr));
-        if (root == NULL) {
-            if (strcmp(jerr, "out of memory") == 0)
-                return CES_DECODE_NOMEM;
-            REJECT("data: %s", jerr);
+        if (envelope->avro) {
+            char aerr[400];
+            ces_avro_status_t st =
+                ces_avro_read_data(decoder->avro, arena, data, len, &root, aerr, sizeof(aerr));
+            if (st == CES_AVRO_INVALID)
+                REJECT("data: %s", aerr);
+            if (st != CES_AVRO_OK)
+                return avro_status(st);
+        } else {
+            char jerr[256];
+            /* The envelopes' data strings were checked when they were read; joined, they are
+             * still valid UTF-8. */
+            root = ces_json_parse(decoder->parser, arena, data, len, &decoder->inner_limits, jerr,
+                                  sizeof(jerr));
+            if (root == NULL) {
+                if (strcmp(jerr, "out of memory") == 0)
+                    return CES_DECODE_NOMEM;
+                REJECT("data: %s", jerr);
+            }
         }
     }
     if (root == NULL || root->type != CES_JSON_OBJECT)
         REJECT("data must hold a JSON object");
-    TRY(check_unique_keys(root, "data", errstr, errstr_size));
+    TRY(check_unique_keys(decoder, root, "data", errstr, errstr_size));
     const ces_json_t *source = ces_json_get(root, "eventsource");
     if (source == NULL || source->type != CES_JSON_OBJECT)
         REJECT("data: missing required object 'eventsource'");
-    TRY(check_unique_keys(source, "eventsource", errstr, errstr_size));
+    TRY(check_unique_keys(decoder, source, "eventsource", errstr, errstr_size));
     TRY(get_string(source, "eventsource", "db", true, &event->db, errstr, errstr_size));
     TRY(get_string(source, "eventsource", "schema", true, &event->schema, errstr, errstr_size));
     TRY(get_string(source, "eventsource", "tbl", true, &event->table, errstr, errstr_size));
@@ -463,7 +560,7 @@ ces_decode_status_t ces_decode_event(ces_decoder_t *decoder, ces_arena_t *arena,
         row = ces_json_get(root, "eventdata"); /* alias used by one page of the docs */
     if (row == NULL || row->type != CES_JSON_OBJECT)
         REJECT("data: missing required object 'eventrow'");
-    TRY(check_unique_keys(row, "eventrow", errstr, errstr_size));
+    TRY(check_unique_keys(decoder, row, "eventrow", errstr, errstr_size));
     TRY(decode_image(decoder, arena, row, "old", &event->old, &event->nold, errstr, errstr_size));
     TRY(decode_image(decoder, arena, row, "current", &event->current, &event->ncurrent, errstr,
                      errstr_size));
@@ -497,7 +594,8 @@ ces_decode_status_t ces_decode_dump_record(ces_decoder_t *decoder, const void *r
     ces_decode_status_t st =
         ces_decode_envelope(decoder, arena, record, len, &env, reason, sizeof(reason));
     if (st == CES_DECODE_OK) {
-        fprintf(out, "segment: %s index %lld%s\n", env.legacy ? "legacy" : "current",
+        fprintf(out, "segment: %s index %lld%s\n",
+                env.avro ? "avro" : env.legacy ? "legacy" : "current",
                 (long long)env.index, env.final_segment ? " final" : "");
         st = ces_decode_event(decoder, arena, &env, env.data, env.data_len, &event, reason,
                               sizeof(reason));

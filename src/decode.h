@@ -17,7 +17,18 @@
 #include "arena.h"
 #include "event.h"
 
+/* How record values are encoded (kafka.format). */
+typedef enum {
+    CES_FORMAT_AUTO = 0, /* per record: JSON when it starts with '{' (or blanks), else Avro */
+    CES_FORMAT_JSON,
+    CES_FORMAT_AVRO, /* bare datum or object container file, whatever the first bytes */
+} ces_decode_format_t;
+
+/* Parses "auto", "json" or "avro". Returns 0, or -1 for anything else. */
+int ces_decode_format_parse(const char *text, ces_decode_format_t *format);
+
 typedef struct {
+    ces_decode_format_t format;
     size_t max_record_bytes; /* one Kafka record */
     size_t max_event_bytes;  /* the Data of one event, after joining its segments */
     size_t max_depth;        /* JSON nesting */
@@ -44,7 +55,8 @@ typedef struct {
     int64_t index;       /* segmentindex, or splitindex for legacy */
     bool final_segment;  /* finalsegment; legacy: not split, or splitindex == splittotalcnt - 1 */
     int64_t split_total; /* legacy splittotalcnt (0 = not split); -1 for the current generation */
-    const char *data;    /* JSON text of the Data record or of a slice of it */
+    bool avro;           /* an Avro record: data holds Avro bytes, not JSON text */
+    const char *data;    /* JSON text (or Avro bytes) of the Data record or of a slice of it */
     size_t data_len;
     const void *data_tree; /* set instead of data when the envelope carried Data as a JSON object */
 } ces_envelope_t;
@@ -56,15 +68,18 @@ ces_decoder_t *ces_decoder_new(const ces_decode_limits_t *limits);
 void ces_decoder_destroy(ces_decoder_t *decoder);
 
 /*
- * Decodes the envelope of record[0..len). Strings in *envelope are allocated from arena.
+ * Decodes the envelope of record[0..len): a JSON CloudEvent or an Avro ChangeEvent (bare datum or
+ * object container file), as limits->format says. Strings in *envelope are allocated from arena.
  */
 ces_decode_status_t ces_decode_envelope(ces_decoder_t *decoder, ces_arena_t *arena,
                                         const void *record, size_t len, ces_envelope_t *envelope,
                                         char *errstr, size_t errstr_size);
 
 /*
- * Decodes the whole Data of an event (data[0..len) JSON text, or envelope->data_tree when data is
- * NULL) together with its envelope into *event. Everything *event points to is allocated from arena.
+ * Decodes the whole Data of an event (data[0..len): JSON text, or Avro bytes when envelope->avro;
+ * envelope->data_tree when data is NULL) together with its envelope into *event. data must be the
+ * data of envelopes this decoder returned (one, or the segments' joined in order): its UTF-8 was
+ * checked then. Everything *event points to is allocated from arena.
  */
 ces_decode_status_t ces_decode_event(ces_decoder_t *decoder, ces_arena_t *arena,
                                      const ces_envelope_t *envelope, const char *data, size_t len,

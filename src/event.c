@@ -86,6 +86,23 @@ int ces_position_compare(const ces_position_t *a, const ces_position_t *b) {
     return 0;
 }
 
+void ces_version_format(const ces_position_t *p, char *buf, size_t size) {
+    /* 80 bits of LSN in decimal: at most 25 digits. */
+    __extension__ typedef unsigned __int128 u128;
+    u128 lsn = ((u128)p->commit_lsn.high << 48) | p->commit_lsn.low;
+    char digits[48];
+    size_t n = 0;
+    do {
+        digits[n++] = (char)('0' + (int)(lsn % 10));
+        lsn /= 10;
+    } while (lsn != 0);
+    char lsn_text[48];
+    for (size_t i = 0; i < n; i++)
+        lsn_text[i] = digits[n - 1 - i];
+    lsn_text[n] = '\0';
+    snprintf(buf, size, "%s%020llu", lsn_text, (unsigned long long)p->sequence);
+}
+
 const char *ces_op_name(ces_op_t op) {
     switch (op) {
     case CES_OP_INSERT: return "INS";

@@ -75,6 +75,10 @@ void ces_lsn_format(ces_lsn_t lsn, char buf[23]);
 
 int ces_position_compare(const ces_position_t *a, const ces_position_t *b);
 
+/* Writes the position as one decimal number ordered like (commit LSN, sequence): the LSN as an
+ * integer followed by the sequence in 20 digits. This is what the per-row version column holds. */
+void ces_version_format(const ces_position_t *position, char *buf, size_t size);
+
 const char *ces_op_name(ces_op_t op);
 
 /* Returns the field named name (exact match), or NULL. */

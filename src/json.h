@@ -2,8 +2,9 @@
  * json: a bounded JSON reader that builds a small tree in an arena.
  *
  * Built on yajl's callback parser (its tree parser leaks on some malformed input). Limits are
- * checked while parsing, so hostile input cannot make the tree deeper or larger than allowed. yajl
- * validates UTF-8 in strings; strings keep their length because JSON may escape NUL (\u0000).
+ * checked while parsing, so hostile input cannot make the tree deeper or larger than allowed. Strings
+ * must be valid UTF-8 (yajl checks the shape of sequences, ces_utf8_valid the rest); they keep their
+ * length because JSON may escape NUL (\u0000).
  */
 #ifndef CES_JSON_H
 #define CES_JSON_H
@@ -41,9 +42,15 @@ struct ces_json_member_s {
     ces_json_t value;
 };
 
+/* Longer numbers are rejected: no SQL Server value needs more (decimal(38,s) has 38 digits, a float
+ * 17 significant digits and an exponent), and a number is kept as its text. */
+#define CES_JSON_MAX_NUMBER 100
+
 typedef struct {
     size_t max_depth;     /* containers nested deeper than this are rejected */
     size_t max_container; /* members of one object / items of one array */
+    bool valid_utf8;      /* the text is known to be valid UTF-8 (a string that this reader or the
+                           * Avro reader produced): its strings are not checked again */
 } ces_json_limits_t;
 
 typedef struct ces_json_parser_s ces_json_parser_t;
@@ -64,5 +71,9 @@ const ces_json_t *ces_json_parse(ces_json_parser_t *parser, ces_arena_t *arena, 
 const ces_json_t *ces_json_get(const ces_json_t *object, const char *key);
 
 const char *ces_json_type_name(ces_json_type_t type);
+
+/* True when s[0..len) is UTF-8 in its shortest form, without surrogates, at most U+10FFFF. (yajl
+ * checks only the shape of multi-byte sequences.) */
+bool ces_utf8_valid(const char *s, size_t len);
 
 #endif

@@ -74,6 +74,8 @@ static void usage(FILE *out) {
 }
 
 static void fill_decode_limits(const ces_config_t *c, ces_decode_limits_t *l) {
+    if (ces_decode_format_parse(c->kafka_format, &l->format) != 0) /* validated by config.c */
+        l->format = CES_FORMAT_AUTO;
     l->max_record_bytes = (size_t)c->decode_max_record_bytes;
     l->max_event_bytes = (size_t)c->decode_max_event_bytes;
     l->max_depth = (size_t)c->decode_max_depth;
@@ -90,6 +92,15 @@ static void fill_pipeline_options(const ces_config_t *c, bool store_offsets,
     o->reasm.max_bytes = (size_t)c->reassembly_max_bytes;
     o->reasm.max_segments = (size_t)c->reassembly_max_segments;
     o->reasm.timeout_ms = c->reassembly_timeout_ms;
+    o->ordering = strcmp(c->apply_ordering, "partition") == 0 ? CES_ORDER_BY_PARTITION
+                                                              : CES_ORDER_BY_TRANSACTION;
+    o->reorder_window_ms = c->apply_reorder_window_ms;
+    o->dedup_window = (size_t)c->apply_dedup_window;
+    o->max_pending_events = (size_t)c->apply_max_pending_events;
+    o->include = (const char *const *)c->schema_include.items;
+    o->ninclude = c->schema_include.count;
+    o->exclude = (const char *const *)c->schema_exclude.items;
+    o->nexclude = c->schema_exclude.count;
 }
 
 static ces_apply_t *make_apply(const ces_config_t *c) {
@@ -100,6 +111,11 @@ static ces_apply_t *make_apply(const ces_config_t *c) {
         .auto_create = c->schema_auto_create,
         .auto_evolve = c->schema_auto_evolve,
         .retry_max_ms = c->pg_retry_max_ms,
+        .target = c->schema_target,
+        .preserve_case = strcmp(c->schema_identifier_case, "preserve") == 0,
+        .lsn_guard = c->apply_lsn_guard,
+        .version_column = c->apply_version_column,
+        .tombstone_retention_s = c->apply_tombstone_retention_s,
         .stop_now = &stop_requested,
     };
     return ces_apply_new(&o);
@@ -175,6 +191,9 @@ static int run_replay(const char *path, char *const *files, size_t nfiles) {
     printf("replay: records=%llu applied=%llu dead_letters=%llu\n",
            (unsigned long long)stats.records, (unsigned long long)stats.events_applied,
            (unsigned long long)stats.dead_letters);
+    if (stats.duplicates > 0 || stats.excluded > 0)
+        printf("replay: duplicates_skipped=%llu excluded=%llu\n",
+               (unsigned long long)stats.duplicates, (unsigned long long)stats.excluded);
     fflush(stdout);
     switch (st) {
     case CES_REPLAY_OK: rc = 0; break;
@@ -200,10 +219,11 @@ static void log_progress(const ces_pipeline_stats_t *now, const ces_pipeline_sta
                          int64_t elapsed_ms) {
     double secs = elapsed_ms > 0 ? (double)elapsed_ms / 1000.0 : 1.0;
     ces_log_info("progress: %.0f records/s, %llu records, %llu events applied, %llu dead letters, "
-                 "%llu retries",
+                 "%llu duplicates skipped, %zu events waiting for their transaction, %llu retries",
                  (double)(now->records - before->records) / secs,
                  (unsigned long long)now->records, (unsigned long long)now->events_applied,
-                 (unsigned long long)now->dead_letters, (unsigned long long)now->retries);
+                 (unsigned long long)now->dead_letters, (unsigned long long)now->duplicates,
+                 now->pending_events, (unsigned long long)now->retries);
 }
 
 static int run_daemon(const char *path) {
@@ -261,8 +281,8 @@ static int run_daemon(const char *path) {
             (pst = ces_pipeline_flush(pipeline, err, sizeof(err))) != CES_PIPELINE_OK)
             break;
         ces_record_t rec;
-        ces_poll_status_t ps = ces_consumer_poll(consumer, ces_pipeline_wait_ms(pipeline, now, poll_ms),
-                                                 &rec, err, sizeof(err));
+        ces_poll_status_t ps = ces_consumer_poll(
+            consumer, ces_pipeline_wait_ms(pipeline, now, poll_ms), &rec, err, sizeof(err));
         if (ps == CES_POLL_FATAL) {
             pst = CES_PIPELINE_FATAL;
             break;
@@ -271,7 +291,11 @@ static int run_daemon(const char *path) {
             if ((pst = ces_pipeline_add(pipeline, &rec, ces_now_ms(), err, sizeof(err))) !=
                 CES_PIPELINE_OK)
                 break;
-        } else if (ces_pipeline_pending(pipeline)) {
+            continue;
+        }
+        if (ps == CES_POLL_EOF)
+            ces_pipeline_partition_eof(pipeline, rec.topic, rec.partition, rec.offset);
+        if (ces_pipeline_pending(pipeline)) {
             /* Nothing more arrived right now: apply what we have instead of waiting. */
             if ((pst = ces_pipeline_flush(pipeline, err, sizeof(err))) != CES_PIPELINE_OK)
                 break;
@@ -307,9 +331,11 @@ done:
     if (pipeline != NULL) {
         ces_pipeline_stats_t stats;
         ces_pipeline_get_stats(pipeline, &stats);
-        ces_log_info("stopped: %llu records, %llu events applied, %llu dead letters",
+        ces_log_info("stopped: %llu records, %llu events applied, %llu dead letters, %llu "
+                     "duplicates skipped, %llu events of excluded tables skipped",
                      (unsigned long long)stats.records, (unsigned long long)stats.events_applied,
-                     (unsigned long long)stats.dead_letters);
+                     (unsigned long long)stats.dead_letters, (unsigned long long)stats.duplicates,
+                     (unsigned long long)stats.excluded);
     }
     ces_pipeline_destroy(pipeline);
     ces_apply_destroy(apply);

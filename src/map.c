@@ -1,5 +1,6 @@
 #include "map.h"
 
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -107,6 +108,30 @@ int ces_map_put(ces_map_t *map, const char *key, size_t len, void *value) {
     }
     s->value = value;
     return 0;
+}
+
+void *ces_map_remove(ces_map_t *map, const char *key, size_t len) {
+    slot_t *s = find_slot(map->slots, map->capacity, key, len, hash_bytes(key, len));
+    if (s->key == NULL)
+        return NULL;
+    void *value = s->value;
+    free(s->key);
+    s->key = NULL;
+    map->count--;
+    /* Backward-shift deletion: move later entries of the probe run into the hole when their home
+     * slot does not lie cyclically between the hole and themselves. */
+    size_t mask = map->capacity - 1;
+    size_t hole = (size_t)(s - map->slots);
+    for (size_t j = (hole + 1) & mask; map->slots[j].key != NULL; j = (j + 1) & mask) {
+        size_t home = (size_t)map->slots[j].hash & mask;
+        bool between = hole <= j ? (hole < home && home <= j) : (hole < home || home <= j);
+        if (!between) {
+            map->slots[hole] = map->slots[j];
+            map->slots[j].key = NULL;
+            hole = j;
+        }
+    }
+    return value;
 }
 
 size_t ces_map_count(const ces_map_t *map) { return map->count; }

@@ -1,7 +1,7 @@
 /*
  * map: a string-keyed hash table (open addressing, linear probing).
  *
- * Used for the table and statement caches, which only grow; there is no removal.
+ * Used for caches and small indexes.
  */
 #ifndef CES_MAP_H
 #define CES_MAP_H
@@ -20,6 +20,8 @@ void *ces_map_get(const ces_map_t *map, const char *key, size_t len);
 /* Stores value under a copy of key[0..len), replacing any previous value. Returns 0, or -1 when out
  * of memory. */
 int ces_map_put(ces_map_t *map, const char *key, size_t len, void *value);
+/* Removes key[0..len) and returns its value, or NULL when it was not there. */
+void *ces_map_remove(ces_map_t *map, const char *key, size_t len);
 size_t ces_map_count(const ces_map_t *map);
 /* Calls fn on every value. */
 void ces_map_each(ces_map_t *map, void (*fn)(void *value, void *arg), void *arg);

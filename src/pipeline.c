@@ -1,5 +1,6 @@
 #include "pipeline.h"
 
+#include <fnmatch.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -7,6 +8,7 @@
 
 #include "log.h"
 #include "map.h"
+#include "order.h"
 
 /* What the pipeline knows of one partition. */
 typedef struct {
@@ -17,6 +19,13 @@ typedef struct {
     bool has_next;
     int64_t next; /* offset after the last record read */
     bool dirty;   /* records were read since the last stored position */
+    bool assigned; /* ours now: the orderer waits for it */
+    bool has_frontier;
+    ces_lsn_t frontier; /* highest commit LSN it delivered: it will not deliver older ones */
+    bool at_eof;        /* caught up with the broker since its last record */
+    int64_t eof_offset; /* where the end was when it was reached */
+    int64_t last_record_ms;
+    bool paused;
 } partition_t;
 
 struct ces_pipeline_s {
@@ -25,11 +34,16 @@ struct ces_pipeline_s {
     ces_apply_t *apply;
     ces_consumer_t *consumer;
     ces_reasm_t *reasm;
+    ces_order_t *order;    /* transaction mode only */
     ces_map_t *partitions; /* "topic\x1fpartition" -> partition_t */
-    ces_map_t *topics;     /* interned topic names for sources outside Kafka (replay) */
     ces_batch_t batch;
     int64_t batch_started_ms;
     ces_pipeline_stats_t stats;
+    /* A source transaction too large for memory is streamed into one open PostgreSQL transaction. */
+    bool streaming;
+    bool stream_complete; /* its last events are in the batch: the next flush commits */
+    ces_lsn_t stream_lsn;
+    ces_apply_stats_t stream_stats; /* what the open transaction holds, counted once committed */
 };
 
 int64_t ces_now_ms(void) {
@@ -47,11 +61,6 @@ static void partition_free(void *value, void *arg) {
     free(p);
 }
 
-static void string_free(void *value, void *arg) {
-    (void)arg;
-    free(value);
-}
-
 ces_pipeline_t *ces_pipeline_new(const ces_pipeline_options_t *options, ces_decoder_t *decoder,
                                  ces_apply_t *apply) {
     ces_pipeline_t *p = calloc(1, sizeof(*p));
@@ -62,8 +71,10 @@ ces_pipeline_t *ces_pipeline_new(const ces_pipeline_options_t *options, ces_deco
     p->apply = apply;
     p->reasm = ces_reasm_new(&options->reasm);
     p->partitions = ces_map_new();
-    p->topics = ces_map_new();
-    if (p->reasm == NULL || p->partitions == NULL || p->topics == NULL) {
+    if (options->ordering == CES_ORDER_BY_TRANSACTION)
+        p->order = ces_order_new(options->dedup_window);
+    if (p->reasm == NULL || p->partitions == NULL ||
+        (options->ordering == CES_ORDER_BY_TRANSACTION && p->order == NULL)) {
         ces_pipeline_destroy(p);
         return NULL;
     }
@@ -76,12 +87,10 @@ void ces_pipeline_destroy(ces_pipeline_t *p) {
     ces_batch_clear(&p->batch, release_owner);
     ces_batch_free(&p->batch);
     ces_reasm_destroy(p->reasm, release_owner);
+    ces_order_destroy(p->order, release_owner);
     if (p->partitions != NULL)
         ces_map_clear(p->partitions, partition_free, NULL);
     ces_map_destroy(p->partitions);
-    if (p->topics != NULL)
-        ces_map_clear(p->topics, string_free, NULL);
-    ces_map_destroy(p->topics);
     free(p);
 }
 
@@ -136,23 +145,89 @@ static int add_dead_letter(ces_pipeline_t *p, const ces_source_t *source, const 
     return item->reason == NULL ? -1 : 0;
 }
 
+static bool matches_any(const char *const *globs, size_t n, const char *name) {
+    for (size_t i = 0; i < n; i++) {
+        if (fnmatch(globs[i], name, FNM_CASEFOLD) == 0)
+            return true;
+    }
+    return false;
+}
+
+/* schema.include / schema.exclude on "schema.table" (case-insensitive, like SQL Server names). */
+static bool table_selected(const ces_pipeline_t *p, const ces_event_t *event) {
+    if (p->options.ninclude == 0 && p->options.nexclude == 0)
+        return true;
+    char name[1100];
+    snprintf(name, sizeof(name), "%s.%s", event->schema, event->table);
+    if (p->options.ninclude > 0 && !matches_any(p->options.include, p->options.ninclude, name))
+        return false;
+    return !matches_any(p->options.exclude, p->options.nexclude, name);
+}
+
+/* The partition delivered an event of this commit LSN: it will deliver no older one (CES keeps
+ * commit order within a partition for every partition scheme but None). */
+static void advance_frontier(ces_pipeline_t *p, const ces_source_t *source, ces_lsn_t lsn) {
+    partition_t *part = partition_get(p, source->topic, source->partition, false);
+    if (part != NULL && (!part->has_frontier || ces_lsn_compare(part->frontier, lsn) < 0)) {
+        part->frontier = lsn;
+        part->has_frontier = true;
+    }
+}
+
+/* An event item: straight into the batch (partition mode) or held by the orderer. Takes arena and
+ * owner; sources lists the other records the event was joined from (may be NULL). */
 static int add_event(ces_pipeline_t *p, const ces_source_t *source, const ces_event_t *event,
-                     const void *raw, size_t raw_len, ces_arena_t *arena, void *owner) {
-    ces_item_t *item = ces_batch_add(&p->batch);
-    if (item == NULL) {
+                     const void *raw, size_t raw_len, ces_arena_t *arena, void *owner,
+                     const ces_source_t *more, size_t nmore) {
+    if (p->order != NULL) {
+        /* Even a skipped event tells how far its partitions have come. */
+        advance_frontier(p, source, event->position.commit_lsn);
+        for (size_t i = 0; i < nmore; i++)
+            advance_frontier(p, &more[i], event->position.commit_lsn);
+    }
+    if (!table_selected(p, event)) {
+        p->stats.excluded++;
         release_owner(owner);
         ces_arena_destroy(arena);
-        return -1;
+        return 0;
     }
-    item->kind = CES_ITEM_EVENT;
-    item->source = *source;
-    item->event = *event;
-    item->logicalid = event->logicalid;
-    item->arena = arena;
-    item->owner = owner;
-    item->raw = raw;
-    item->raw_len = raw_len;
-    return 0;
+    ces_item_t tmp = {
+        .kind = CES_ITEM_EVENT,
+        .source = *source,
+        .event = *event,
+        .logicalid = event->logicalid,
+        .more_sources = more,
+        .nmore_sources = nmore,
+        .raw = raw,
+        .raw_len = raw_len,
+        .arena = arena,
+        .owner = owner,
+    };
+    if (p->order == NULL) {
+        ces_item_t *item = ces_batch_add(&p->batch);
+        if (item == NULL) {
+            release_owner(owner);
+            ces_arena_destroy(arena);
+            return -1;
+        }
+        *item = tmp;
+        return 0;
+    }
+    switch (ces_order_add(p->order, &tmp, release_owner)) {
+    case CES_ORDER_HELD:
+        return 0;
+    case CES_ORDER_DUPLICATE:
+        p->stats.duplicates++;
+        ces_log_debug("duplicate of an applied or held event skipped: %s[%d]@%lld (%s)",
+                      source->topic, (int)source->partition, (long long)source->offset,
+                      event->logicalid);
+        return 0;
+    case CES_ORDER_NOMEM:
+        break;
+    }
+    release_owner(owner);
+    ces_arena_destroy(arena);
+    return -1;
 }
 
 static bool is_whole(const ces_envelope_t *env) {
@@ -210,10 +285,20 @@ static int add_joined(ces_pipeline_t *p, ces_reasm_group_t *g, char *errstr, siz
         snprintf(why, sizeof(why), "joined segments: %s", reason);
         return give_up_group(p, g, why);
     }
-    /* The event's source for messages is its first segment; every segment's position is covered by
-     * the partitions' read positions. */
+    /* The event stands for every segment: each one's partition must not store a position past it
+     * until the event is applied. */
     ces_source_t source = g->segments[0].source;
-    int rc = add_event(p, &source, &event, data, g->data_len, arena, NULL);
+    ces_source_t *more = NULL;
+    if (g->count > 1) {
+        more = ces_arena_alloc(arena, (g->count - 1) * sizeof(*more));
+        if (more == NULL) {
+            ces_arena_destroy(arena);
+            return -1;
+        }
+        for (size_t i = 1; i < g->count; i++)
+            more[i - 1] = g->segments[i].source;
+    }
+    int rc = add_event(p, &source, &event, data, g->data_len, arena, NULL, more, g->count - 1);
     ces_reasm_group_free(g, release_owner);
     return rc;
 }
@@ -228,6 +313,9 @@ static ces_pipeline_status_t handle_reasm(ces_pipeline_t *p, ces_reasm_status_t 
         return add_joined(p, g, errstr, errstr_size) == 0 ? CES_PIPELINE_OK : CES_PIPELINE_FATAL;
     case CES_REASM_GIVEN_UP:
         return give_up_group(p, g, reason) == 0 ? CES_PIPELINE_OK : CES_PIPELINE_FATAL;
+    case CES_REASM_DUPLICATE:
+        p->stats.duplicates++;
+        return CES_PIPELINE_OK;
     case CES_REASM_NOMEM:
         break;
     }
@@ -235,41 +323,28 @@ static ces_pipeline_status_t handle_reasm(ces_pipeline_t *p, ces_reasm_status_t 
     return CES_PIPELINE_FATAL;
 }
 
-static const char *intern_topic(ces_pipeline_t *p, const char *topic) {
-    char *t = ces_map_get(p->topics, topic, strlen(topic));
-    if (t != NULL)
-        return t;
-    t = strdup(topic);
-    if (t == NULL || ces_map_put(p->topics, topic, strlen(topic), t) != 0) {
-        free(t);
-        return NULL;
-    }
-    return t;
-}
-
 ces_pipeline_status_t ces_pipeline_add(ces_pipeline_t *p, const ces_record_t *rec, int64_t now_ms,
                                        char *errstr, size_t errstr_size) {
     void *owner = rec->handle;
-    ces_arena_t *arena = ces_arena_new();
+    /* The decoded tree and strings take about as much as the record (twice when it is copied). */
+    ces_arena_t *arena = ces_arena_new_sized(rec->len * (owner ? 1 : 2) + 512);
     if (arena == NULL) {
         release_owner(owner);
         snprintf(errstr, errstr_size, "out of memory");
         return CES_PIPELINE_FATAL;
     }
     ces_source_t source = {.topic = NULL, .partition = rec->partition, .offset = rec->offset};
-    if (p->options.store_offsets) {
-        partition_t *part = partition_get(p, rec->topic, rec->partition, true);
-        if (part == NULL)
-            goto nomem;
-        part->next = rec->offset + 1;
-        part->has_next = true;
-        part->dirty = true;
-        source.topic = part->topic;
-    } else {
-        source.topic = intern_topic(p, rec->topic);
-        if (source.topic == NULL)
-            goto nomem;
-    }
+    partition_t *part = partition_get(p, rec->topic, rec->partition, true);
+    if (part == NULL)
+        goto nomem;
+    if (!p->options.store_offsets)
+        part->assigned = true; /* a replayed file is a partition of its own */
+    part->next = rec->offset + 1;
+    part->has_next = true;
+    part->dirty = true;
+    part->at_eof = false;
+    part->last_record_ms = now_ms;
+    source.topic = part->topic;
     p->stats.records++;
     if (p->batch.count == 0)
         p->batch_started_ms = now_ms;
@@ -296,7 +371,7 @@ ces_pipeline_status_t ces_pipeline_add(ces_pipeline_t *p, const ces_record_t *re
         st = ces_decode_event(p->decoder, arena, &env, env.data, env.data_len, &event, reason,
                               sizeof(reason));
         if (st == CES_DECODE_OK) {
-            if (add_event(p, &source, &event, raw, rec->len, arena, owner) != 0)
+            if (add_event(p, &source, &event, raw, rec->len, arena, owner, NULL, 0) != 0)
                 goto nomem_taken;
             return CES_PIPELINE_OK;
         }
@@ -342,6 +417,116 @@ nomem_taken:
     return CES_PIPELINE_FATAL;
 }
 
+/* Is every partition we own past lsn (or caught up and quiet), so that no event of a transaction
+ * at or before lsn can still arrive? */
+typedef struct {
+    const ces_pipeline_t *p;
+    ces_lsn_t lsn;
+    int64_t now_ms;
+    int64_t window_ms;
+    bool ready;
+} ready_scan_t;
+
+/*
+ * Caught up and quiet for the window. The end-of-partition event only says the partition was caught
+ * up when it was fetched: if records arrived since (ces2pg was busy applying, or another partition
+ * kept it reading), librdkafka's cached high watermark is past what was read, and the partition is
+ * not quiet, however old its last record.
+ */
+static bool partition_quiet(const ces_pipeline_t *p, const partition_t *part, int64_t now_ms,
+                            int64_t window_ms) {
+    if (!part->at_eof || now_ms - part->last_record_ms < window_ms)
+        return false;
+    int64_t high;
+    if (p->consumer != NULL &&
+        ces_consumer_high_watermark(p->consumer, part->topic, part->partition, &high) == 0 &&
+        high > (part->has_next ? part->next : part->eof_offset))
+        return false;
+    return true;
+}
+
+static void scan_ready(void *value, void *arg) {
+    ready_scan_t *r = arg;
+    const partition_t *part = value;
+    if (!r->ready || !part->assigned)
+        return;
+    if (part->has_frontier && ces_lsn_compare(part->frontier, r->lsn) > 0)
+        return;
+    if (!partition_quiet(r->p, part, r->now_ms, r->window_ms))
+        r->ready = false;
+}
+
+/* Moves every complete source transaction, oldest first, into the batch. */
+static int release_transactions(ces_pipeline_t *p, int64_t now_ms, bool drain) {
+    if (p->order == NULL)
+        return 0;
+    if (p->streaming && !p->stream_complete) {
+        /* The streamed transaction's events are no longer held, so ask about its LSN directly. */
+        ready_scan_t r = {p, p->stream_lsn, now_ms, p->options.reorder_window_ms, true};
+        if (!drain)
+            ces_map_each(p->partitions, scan_ready, &r);
+        p->stream_complete = r.ready;
+    }
+    ces_lsn_t lsn;
+    while (ces_order_oldest(p->order, &lsn, NULL)) {
+        if (!drain) {
+            ready_scan_t r = {p, lsn, now_ms, p->options.reorder_window_ms, true};
+            ces_map_each(p->partitions, scan_ready, &r);
+            if (!r.ready)
+                break;
+        }
+        if (p->batch.count == 0)
+            p->batch_started_ms = now_ms;
+        if (p->streaming && ces_lsn_compare(lsn, p->stream_lsn) >= 0)
+            p->stream_complete = true; /* ready at lsn means ready at the streamed one too */
+        if (ces_order_pop_oldest(p->order, &p->batch, release_owner) < 0)
+            return -1;
+        /* Whole transactions only: the batch may grow past its size by the last one. */
+        if (p->batch.count >= p->options.batch_max_events && !drain)
+            break;
+    }
+    return 0;
+}
+
+static ces_pipeline_status_t stream_large_transaction(ces_pipeline_t *p, int64_t now_ms,
+                                                      char *errstr, size_t errstr_size);
+
+/* Keeps memory bounded: while too many events wait for ordering, partitions that are not holding
+ * back the oldest transaction stop fetching; they resume once the backlog has halved. */
+typedef struct {
+    ces_pipeline_t *p;
+    bool pause;
+    bool have_oldest;
+    ces_lsn_t oldest;
+} pause_scan_t;
+
+static void scan_pause(void *value, void *arg) {
+    pause_scan_t *ps = arg;
+    partition_t *part = value;
+    if (!part->assigned || ps->p->consumer == NULL)
+        return;
+    /* A partition that has not passed the oldest transaction must keep going, or nothing moves. */
+    bool needed = !ps->have_oldest || !part->has_frontier ||
+                  ces_lsn_compare(part->frontier, ps->oldest) <= 0;
+    bool want = ps->pause && !needed;
+    if (want != part->paused &&
+        ces_consumer_pause(ps->p->consumer, part->topic, part->partition, want) == 0)
+        part->paused = want;
+}
+
+static void bound_memory(ces_pipeline_t *p) {
+    if (p->order == NULL || p->options.max_pending_events == 0)
+        return;
+    size_t pending = ces_order_pending_events(p->order);
+    pause_scan_t ps = {p, false, false, {0, 0}};
+    if (pending >= p->options.max_pending_events)
+        ps.pause = true;
+    else if (pending > p->options.max_pending_events / 2)
+        return; /* between the marks: leave partitions as they are */
+    ps.have_oldest = ces_order_oldest(p->order, &ps.oldest, NULL);
+    ces_map_each(p->partitions, scan_pause, &ps);
+}
+
 ces_pipeline_status_t ces_pipeline_tick(ces_pipeline_t *p, int64_t now_ms, char *errstr,
                                         size_t errstr_size) {
     ces_reasm_group_t *g;
@@ -353,28 +538,48 @@ ces_pipeline_status_t ces_pipeline_tick(ces_pipeline_t *p, int64_t now_ms, char 
                  (long long)p->options.reasm.timeout_ms, g->count);
         if (p->batch.count == 0)
             p->batch_started_ms = now_ms;
-        if (give_up_group(p, g, reason) != 0) {
-            snprintf(errstr, errstr_size, "out of memory");
-            return CES_PIPELINE_FATAL;
-        }
+        if (give_up_group(p, g, reason) != 0)
+            goto nomem;
     }
+    if (release_transactions(p, now_ms, false) != 0)
+        goto nomem;
+    ces_pipeline_status_t st = stream_large_transaction(p, now_ms, errstr, errstr_size);
+    if (st != CES_PIPELINE_OK)
+        return st;
+    bound_memory(p);
     return CES_PIPELINE_OK;
+nomem:
+    snprintf(errstr, errstr_size, "out of memory");
+    return CES_PIPELINE_FATAL;
 }
 
-ces_pipeline_status_t ces_pipeline_give_up_segments(ces_pipeline_t *p, char *errstr,
-                                                    size_t errstr_size) {
+void ces_pipeline_partition_eof(ces_pipeline_t *p, const char *topic, int32_t partition,
+                                int64_t eof_offset) {
+    partition_t *part = partition_get(p, topic, partition, false);
+    if (part != NULL) {
+        part->at_eof = true;
+        part->eof_offset = eof_offset;
+    }
+}
+
+ces_pipeline_status_t ces_pipeline_drain(ces_pipeline_t *p, char *errstr, size_t errstr_size) {
     ces_reasm_group_t *g;
     while ((g = ces_reasm_take_any(p->reasm)) != NULL) {
         char reason[300];
         snprintf(reason, sizeof(reason),
                  "segment group incomplete at the end of the input: %zu segment(s) received",
                  g->count);
-        if (give_up_group(p, g, reason) != 0) {
-            snprintf(errstr, errstr_size, "out of memory");
-            return CES_PIPELINE_FATAL;
-        }
+        if (p->batch.count == 0)
+            p->batch_started_ms = ces_now_ms();
+        if (give_up_group(p, g, reason) != 0)
+            goto nomem;
     }
+    if (release_transactions(p, ces_now_ms(), true) != 0)
+        goto nomem;
     return CES_PIPELINE_OK;
+nomem:
+    snprintf(errstr, errstr_size, "out of memory");
+    return CES_PIPELINE_FATAL;
 }
 
 bool ces_pipeline_due(const ces_pipeline_t *p, int64_t now_ms) {
@@ -402,6 +607,9 @@ bool ces_pipeline_pending(const ces_pipeline_t *p) {
 }
 
 int ces_pipeline_wait_ms(const ces_pipeline_t *p, int64_t now_ms, int max_ms) {
+    /* Held transactions are released by time (the reorder window): look again soon. */
+    if (p->order != NULL && ces_order_pending_events(p->order) > 0 && max_ms > 10)
+        max_ms = 10;
     if (p->batch.count == 0)
         return max_ms;
     int64_t left = p->batch_started_ms + p->options.batch_max_ms - now_ms;
@@ -415,6 +623,9 @@ static int64_t committable(const ces_pipeline_t *p, const partition_t *part) {
     int64_t next = part->next;
     int64_t held;
     if (ces_reasm_min_offset(p->reasm, part->topic, part->partition, &held) && held < next)
+        next = held;
+    if (p->order != NULL && ces_order_min_offset(p->order, part->topic, part->partition, &held) &&
+        held < next)
         next = held;
     return next;
 }
@@ -445,7 +656,9 @@ static void collect_offset(void *value, void *arg) {
 static ces_pipeline_status_t rewind_all(ces_pipeline_t *p, char *errstr, size_t errstr_size);
 
 ces_pipeline_status_t ces_pipeline_flush(ces_pipeline_t *p, char *errstr, size_t errstr_size) {
-    if (p->options.store_offsets) {
+    /* Inside a streamed transaction nothing is committed, so no position is stored, until its end. */
+    bool commit = !p->streaming || p->stream_complete;
+    if (p->options.store_offsets && commit) {
         collect_t c = {p, 0};
         ces_map_each(p->partitions, collect_offset, &c);
         if (c.failed) {
@@ -453,15 +666,19 @@ ces_pipeline_status_t ces_pipeline_flush(ces_pipeline_t *p, char *errstr, size_t
             return CES_PIPELINE_FATAL;
         }
     }
-    if (p->batch.count == 0 && p->batch.noffsets == 0)
+    if (p->batch.count == 0 && p->batch.noffsets == 0 && !(p->streaming && commit))
         return CES_PIPELINE_OK;
     ces_apply_stats_t st = {0};
-    ces_apply_status_t rc = ces_apply_batch(p->apply, &p->batch, &st, errstr, errstr_size);
+    ces_apply_status_t rc =
+        p->streaming && commit
+            ? ces_apply_stream_commit(p->apply, &p->batch, &st, errstr, errstr_size)
+            : ces_apply_batch(p->apply, &p->batch, &st, errstr, errstr_size);
     p->stats.retries += st.retries;
     switch (rc) {
     case CES_APPLY_OK:
         break;
     case CES_APPLY_FENCED:
+    case CES_APPLY_LOST:
         ces_log_warning("%s: going back to the positions stored in PostgreSQL", errstr);
         return rewind_all(p, errstr, errstr_size);
     case CES_APPLY_INTERRUPTED:
@@ -469,9 +686,23 @@ ces_pipeline_status_t ces_pipeline_flush(ces_pipeline_t *p, char *errstr, size_t
     case CES_APPLY_FATAL:
         return CES_PIPELINE_FATAL;
     }
-    p->stats.events_applied += st.events_applied;
-    p->stats.dead_letters += st.dead_letters;
+    if (!commit) {
+        p->stream_stats.events_applied += st.events_applied;
+        p->stream_stats.dead_letters += st.dead_letters;
+        ces_batch_clear(&p->batch, release_owner);
+        return CES_PIPELINE_OK;
+    }
+    p->stats.events_applied += st.events_applied + p->stream_stats.events_applied;
+    p->stats.dead_letters += st.dead_letters + p->stream_stats.dead_letters;
     p->stats.batches++;
+    if (p->streaming)
+        ces_log_info("large source transaction committed (%llu events in its PostgreSQL transaction)",
+                     (unsigned long long)(st.events_applied + p->stream_stats.events_applied));
+    p->streaming = false;
+    p->stream_complete = false;
+    memset(&p->stream_stats, 0, sizeof(p->stream_stats));
+    if (p->order != NULL)
+        ces_order_committed(p->order, &p->batch);
     for (size_t i = 0; i < p->batch.noffsets; i++) {
         const ces_offset_update_t *o = &p->batch.offsets[i];
         partition_t *part = partition_get(p, o->topic, o->partition, false);
@@ -485,6 +716,67 @@ ces_pipeline_status_t ces_pipeline_flush(ces_pipeline_t *p, char *errstr, size_t
     }
     ces_batch_clear(&p->batch, release_owner);
     return CES_PIPELINE_OK;
+}
+
+/* Is every owned partition at or past lsn (or quiet), so that no older transaction can come? Then
+ * the transaction at lsn may be applied as it arrives, even before it is complete. */
+static void scan_startable(void *value, void *arg) {
+    ready_scan_t *r = arg;
+    const partition_t *part = value;
+    if (!r->ready || !part->assigned)
+        return;
+    if (part->has_frontier && ces_lsn_compare(part->frontier, r->lsn) >= 0)
+        return;
+    if (!partition_quiet(r->p, part, r->now_ms, r->window_ms))
+        r->ready = false;
+}
+
+/* Streams the oldest transaction when it has outgrown a batch and nothing older can come. */
+static ces_pipeline_status_t stream_large_transaction(ces_pipeline_t *p, int64_t now_ms,
+                                                      char *errstr, size_t errstr_size) {
+    ces_lsn_t lsn;
+    size_t events;
+    if (p->order == NULL || p->stream_complete || !ces_order_oldest(p->order, &lsn, &events) ||
+        events < p->options.batch_max_events)
+        return CES_PIPELINE_OK;
+    if (p->streaming) {
+        if (ces_lsn_compare(lsn, p->stream_lsn) != 0)
+            return CES_PIPELINE_OK;
+    } else {
+        ready_scan_t r = {p, lsn, now_ms, p->options.reorder_window_ms, true};
+        ces_map_each(p->partitions, scan_startable, &r);
+        if (!r.ready)
+            return CES_PIPELINE_OK;
+        /* Commit what is complete before the long transaction opens. */
+        ces_pipeline_status_t st = ces_pipeline_flush(p, errstr, errstr_size);
+        if (st != CES_PIPELINE_OK)
+            return st;
+        switch (ces_apply_stream_begin(p->apply, errstr, errstr_size)) {
+        case CES_APPLY_OK:
+            break;
+        case CES_APPLY_INTERRUPTED:
+            return CES_PIPELINE_INTERRUPTED;
+        case CES_APPLY_FATAL:
+            return CES_PIPELINE_FATAL;
+        default:
+            ces_log_warning("%s: going back to the positions stored in PostgreSQL", errstr);
+            return rewind_all(p, errstr, errstr_size);
+        }
+        char text[23];
+        ces_lsn_format(lsn, text);
+        ces_log_info("source transaction %s has more than %zu events: streaming it into one "
+                     "PostgreSQL transaction",
+                     text, p->options.batch_max_events);
+        p->streaming = true;
+        p->stream_lsn = lsn;
+    }
+    if (p->batch.count == 0)
+        p->batch_started_ms = now_ms;
+    if (ces_order_pop_oldest(p->order, &p->batch, release_owner) < 0) {
+        snprintf(errstr, errstr_size, "out of memory");
+        return CES_PIPELINE_FATAL;
+    }
+    return ces_pipeline_flush(p, errstr, errstr_size);
 }
 
 typedef struct {
@@ -513,6 +805,8 @@ static void rewind_partition(void *value, void *arg) {
     part->has_expected = stored >= 0;
     part->expected = stored;
     part->dirty = false;
+    part->has_frontier = false; /* what it delivered is read again */
+    part->at_eof = false;
     if (target < 0) {
         ces_log_warning("%s[%d]: no stored position to go back to; records read since the "
                         "assignment will be read from Kafka's committed offset after the next "
@@ -531,6 +825,13 @@ static ces_pipeline_status_t rewind_all(ces_pipeline_t *p, char *errstr, size_t 
     ces_reasm_group_t *g;
     while ((g = ces_reasm_take_any(p->reasm)) != NULL)
         ces_reasm_group_free(g, release_owner);
+    ces_reasm_forget_completed(p->reasm);
+    if (p->order != NULL)
+        ces_order_clear(p->order, release_owner);
+    ces_apply_stream_abort(p->apply);
+    p->streaming = false;
+    p->stream_complete = false;
+    memset(&p->stream_stats, 0, sizeof(p->stream_stats));
     rewind_t r = {p, 0, errstr, errstr_size, CES_APPLY_OK};
     ces_map_each(p->partitions, rewind_partition, &r);
     if (r.failed) {
@@ -547,8 +848,11 @@ int ces_pipeline_on_assigned(void *opaque, const char *topic, const int32_t *par
                              int64_t *offsets) {
     ces_pipeline_t *p = opaque;
     char err[512];
-    if (ces_apply_read_offsets(p->apply, topic, partitions, n, offsets, err, sizeof(err)) !=
-        CES_APPLY_OK) {
+    for (size_t i = 0; i < n; i++)
+        offsets[i] = -1;
+    if (p->apply != NULL && /* NULL only in unit tests of the ordering rules */
+        ces_apply_read_offsets(p->apply, topic, partitions, n, offsets, err, sizeof(err)) !=
+            CES_APPLY_OK) {
         ces_log_error("reading stored positions of topic %s: %s", topic, err);
         return -1;
     }
@@ -560,6 +864,11 @@ int ces_pipeline_on_assigned(void *opaque, const char *topic, const int32_t *par
         part->expected = offsets[i];
         part->has_next = false;
         part->dirty = false;
+        part->assigned = true;
+        part->has_frontier = false;
+        part->at_eof = false;
+        part->paused = false;
+        part->last_record_ms = ces_now_ms();
         if (offsets[i] >= 0)
             ces_log_info("%s[%d]: resuming at offset %lld stored in PostgreSQL", topic,
                          (int)partitions[i], (long long)offsets[i]);
@@ -583,19 +892,35 @@ int ces_pipeline_on_revoked(void *opaque, const char *topic, const int32_t *part
         ces_log_error("committing before revocation: %s", err);
         return -1;
     }
-    if (ces_reasm_pending_groups(p->reasm) > 0 && rewind_all(p, err, sizeof(err)) != CES_PIPELINE_OK)
-        ces_log_warning("going back before revocation: %s", err);
+    /* Held transactions and segments may cover the revoked partitions: drop them all and go back to
+     * the stored positions of the partitions we keep (nothing past a held record was stored). */
     for (size_t i = 0; i < n; i++) {
         partition_t *part = partition_get(p, topic, partitions[i], false);
         if (part != NULL) {
             part->has_next = false;
             part->dirty = false;
             part->has_expected = false;
+            part->assigned = false;
+            part->has_frontier = false;
+            part->at_eof = false;
+            part->paused = false;
         }
     }
+    bool holding = ces_reasm_pending_groups(p->reasm) > 0 ||
+                   (p->order != NULL && ces_order_pending_events(p->order) > 0);
+    if (holding && rewind_all(p, err, sizeof(err)) != CES_PIPELINE_OK)
+        ces_log_warning("going back before revocation: %s", err);
     return 0;
+}
+
+size_t ces_pipeline_batch_events(const ces_pipeline_t *p) { return p->batch.count; }
+
+const ces_item_t *ces_pipeline_batch_item(const ces_pipeline_t *p, size_t i) {
+    return i < p->batch.count ? &p->batch.items[i] : NULL;
 }
 
 void ces_pipeline_get_stats(const ces_pipeline_t *p, ces_pipeline_stats_t *stats) {
     *stats = p->stats;
+    stats->pending_events = p->order ? ces_order_pending_events(p->order) : 0;
+    stats->pending_segments = ces_reasm_pending_groups(p->reasm);
 }

@@ -19,11 +19,26 @@
 #include "decode.h"
 #include "reasm.h"
 
+typedef enum {
+    CES_ORDER_BY_TRANSACTION, /* whole source transactions, in commit order across partitions */
+    CES_ORDER_BY_PARTITION,   /* arrival order per partition, no waiting */
+} ces_ordering_t;
+
 typedef struct {
     size_t batch_max_events;
     int64_t batch_max_ms;
     bool store_offsets; /* false for replay: positions of files are not stored */
     ces_reasm_limits_t reasm;
+    ces_ordering_t ordering;
+    int64_t reorder_window_ms; /* how long a caught-up partition must be quiet */
+    size_t dedup_window;       /* committed positions remembered to spot duplicates */
+    size_t max_pending_events; /* events held for ordering before partitions are paused */
+    /* Globs on "schema.table" of the source (references): events of a table that matches no
+     * include (when there are some) or any exclude are skipped and counted. */
+    const char *const *include;
+    size_t ninclude;
+    const char *const *exclude;
+    size_t nexclude;
 } ces_pipeline_options_t;
 
 typedef struct {
@@ -32,6 +47,10 @@ typedef struct {
     uint64_t dead_letters;
     uint64_t retries;
     uint64_t batches;
+    uint64_t duplicates; /* resent events recognised and skipped */
+    uint64_t excluded;   /* events of tables left out by schema.include / schema.exclude */
+    size_t pending_events; /* held for ordering (not yet in a batch) */
+    size_t pending_segments; /* segment groups waiting for reassembly */
 } ces_pipeline_stats_t;
 
 typedef enum {
@@ -42,7 +61,8 @@ typedef enum {
 
 typedef struct ces_pipeline_s ces_pipeline_t;
 
-/* decoder and apply are references: they must outlive the pipeline. NULL when out of memory. */
+/* decoder and apply are references: they must outlive the pipeline (apply may be NULL in unit tests
+ * that never flush). NULL when out of memory. */
 ces_pipeline_t *ces_pipeline_new(const ces_pipeline_options_t *options, ces_decoder_t *decoder,
                                  ces_apply_t *apply);
 /* Frees pending work without applying it (released records are read again after a restart). */
@@ -58,7 +78,17 @@ void ces_pipeline_set_consumer(ces_pipeline_t *pipeline, ces_consumer_t *consume
 ces_pipeline_status_t ces_pipeline_add(ces_pipeline_t *pipeline, const ces_record_t *record,
                                        int64_t now_ms, char *errstr, size_t errstr_size);
 
-/* Gives up segment groups that timed out (they become dead letters in the batch). */
+/* A partition reached the end of what the broker holds (it is caught up), at eof_offset. */
+void ces_pipeline_partition_eof(ces_pipeline_t *pipeline, const char *topic, int32_t partition,
+                                int64_t eof_offset);
+
+/* The input ended (replay): every held transaction is complete, every incomplete segment group a
+ * dead letter. */
+ces_pipeline_status_t ces_pipeline_drain(ces_pipeline_t *pipeline, char *errstr,
+                                         size_t errstr_size);
+
+/* Gives up segment groups that timed out (they become dead letters in the batch), releases source
+ * transactions that are complete, and pauses or resumes partitions to keep memory bounded. */
 ces_pipeline_status_t ces_pipeline_tick(ces_pipeline_t *pipeline, int64_t now_ms, char *errstr,
                                         size_t errstr_size);
 
@@ -73,14 +103,14 @@ int ces_pipeline_wait_ms(const ces_pipeline_t *pipeline, int64_t now_ms, int max
 ces_pipeline_status_t ces_pipeline_flush(ces_pipeline_t *pipeline, char *errstr,
                                          size_t errstr_size);
 
-/* Segments held for reassembly become dead letters (end of a replay: nothing more will come). */
-ces_pipeline_status_t ces_pipeline_give_up_segments(ces_pipeline_t *pipeline, char *errstr,
-                                                    size_t errstr_size);
-
 /* Consumer callbacks (ces_consumer_callbacks_t); opaque is the pipeline. */
 int ces_pipeline_on_assigned(void *opaque, const char *topic, const int32_t *partitions, size_t n,
                              int64_t *offsets);
 int ces_pipeline_on_revoked(void *opaque, const char *topic, const int32_t *partitions, size_t n);
+
+/* The batch being built: what the next flush would apply (for tests and diagnostics). */
+size_t ces_pipeline_batch_events(const ces_pipeline_t *pipeline);
+const ces_item_t *ces_pipeline_batch_item(const ces_pipeline_t *pipeline, size_t i);
 
 void ces_pipeline_get_stats(const ces_pipeline_t *pipeline, ces_pipeline_stats_t *stats);
 

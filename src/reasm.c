@@ -1,8 +1,12 @@
 #include "reasm.h"
 
+#include <stdint.h>
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "map.h"
 
 typedef struct group_s {
     struct group_s *next;
@@ -16,18 +20,66 @@ typedef struct group_s {
     bool tried_base1;
 } group_t;
 
+/* How many completed groups are remembered, so that a segment resent after its event was joined
+ * is recognised instead of starting a group that can never complete. */
+#define COMPLETED_MEMORY 16384
+
 struct ces_reasm_s {
     ces_reasm_limits_t limits;
     group_t *head;
     size_t bytes;
     size_t ngroups;
+    ces_map_t *completed;           /* logicalid -> slot + 1 in ring */
+    char *ring[COMPLETED_MEMORY];   /* logicalids, oldest overwritten first */
+    size_t ring_next;
 };
 
 ces_reasm_t *ces_reasm_new(const ces_reasm_limits_t *limits) {
     ces_reasm_t *r = calloc(1, sizeof(*r));
-    if (r != NULL)
-        r->limits = *limits;
+    if (r == NULL)
+        return NULL;
+    r->limits = *limits;
+    r->completed = ces_map_new();
+    if (r->completed == NULL) {
+        free(r);
+        return NULL;
+    }
     return r;
+}
+
+void ces_reasm_forget_completed(ces_reasm_t *r) {
+    ces_map_clear(r->completed, NULL, NULL);
+    for (size_t i = 0; i < COMPLETED_MEMORY; i++) {
+        free(r->ring[i]);
+        r->ring[i] = NULL;
+    }
+    r->ring_next = 0;
+}
+
+static void remember_completed(ces_reasm_t *r, const char *logicalid) {
+    size_t len = strlen(logicalid);
+    if (ces_map_get(r->completed, logicalid, len) != NULL)
+        return;
+    char *old = r->ring[r->ring_next];
+    if (old != NULL) {
+        ces_map_remove(r->completed, old, strlen(old));
+        free(old);
+    }
+    r->ring[r->ring_next] = strdup(logicalid);
+    if (r->ring[r->ring_next] != NULL &&
+        ces_map_put(r->completed, logicalid, len, (void *)(uintptr_t)(r->ring_next + 1)) != 0) {
+        free(r->ring[r->ring_next]);
+        r->ring[r->ring_next] = NULL;
+    }
+    r->ring_next = (r->ring_next + 1) % COMPLETED_MEMORY;
+}
+
+static void forget_one(ces_reasm_t *r, const char *logicalid) {
+    uintptr_t slot = (uintptr_t)ces_map_remove(r->completed, logicalid, strlen(logicalid));
+    if (slot != 0) {
+        free(r->ring[slot - 1]);
+        r->ring[slot - 1] = NULL;
+    }
 }
 
 void ces_reasm_group_free(ces_reasm_group_t *g, void (*release)(void *owner)) {
@@ -66,6 +118,9 @@ void ces_reasm_destroy(ces_reasm_t *r, void (*release)(void *owner)) {
     ces_reasm_group_t *g;
     while ((g = ces_reasm_take_any(r)) != NULL)
         ces_reasm_group_free(g, release);
+    if (r->completed != NULL)
+        ces_reasm_forget_completed(r);
+    ces_map_destroy(r->completed);
     free(r);
 }
 
@@ -130,6 +185,12 @@ ces_reasm_status_t ces_reasm_add(ces_reasm_t *r, const char *logicalid,
                                  ces_reasm_group_t **out, char *reason, size_t reason_size,
                                  void (*release)(void *owner)) {
     *out = NULL;
+    if (ces_map_get(r->completed, logicalid, strlen(logicalid)) != NULL) {
+        if (release != NULL && seg->owner != NULL)
+            release(seg->owner);
+        ces_arena_destroy(seg->arena);
+        return CES_REASM_DUPLICATE;
+    }
     group_t *grp = find(r, logicalid);
     if (grp == NULL) {
         grp = calloc(1, sizeof(*grp));
@@ -193,10 +254,12 @@ ces_reasm_status_t ces_reasm_add(ces_reasm_t *r, const char *logicalid,
     if (*out == NULL)
         return CES_REASM_NOMEM;
     (*out)->candidate_base1 = base1;
+    remember_completed(r, logicalid);
     return CES_REASM_COMPLETE;
 }
 
 ces_reasm_status_t ces_reasm_put_back(ces_reasm_t *r, ces_reasm_group_t *g) {
+    forget_one(r, g->logicalid); /* it was not complete after all */
     group_t *grp = calloc(1, sizeof(*grp));
     if (grp == NULL)
         return CES_REASM_NOMEM;

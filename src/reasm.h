@@ -59,6 +59,7 @@ typedef enum {
     CES_REASM_HELD,     /* kept; nothing to do yet */
     CES_REASM_COMPLETE, /* *group is complete */
     CES_REASM_GIVEN_UP, /* *group broke a bound; reason says which */
+    CES_REASM_DUPLICATE, /* a segment of a group completed recently: released */
     CES_REASM_NOMEM,
 } ces_reasm_status_t;
 
@@ -81,6 +82,10 @@ ces_reasm_group_t *ces_reasm_expire(ces_reasm_t *reasm, int64_t now_ms);
 /* Lowest offset held for (topic, partition); false when none is held. */
 bool ces_reasm_min_offset(const ces_reasm_t *reasm, const char *topic, int32_t partition,
                           int64_t *offset);
+
+/* Forgets which groups completed (after going back to stored positions, their segments are read
+ * again and must not count as duplicates). */
+void ces_reasm_forget_completed(ces_reasm_t *reasm);
 
 /* Hands back every group, one per call, or NULL (on revocation: they will be read again). */
 ces_reasm_group_t *ces_reasm_take_any(ces_reasm_t *reasm);

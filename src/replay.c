@@ -6,37 +6,7 @@
 #include <string.h>
 
 #include "log.h"
-
-long ces_base64_decode(const char *in, size_t len, unsigned char *out) {
-    static signed char table[256];
-    static int ready = 0;
-    if (!ready) {
-        memset(table, -1, sizeof(table));
-        const char *alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-        for (int i = 0; i < 64; i++)
-            table[(unsigned char)alphabet[i]] = (signed char)i;
-        ready = 1;
-    }
-    while (len > 0 && in[len - 1] == '=')
-        len--;
-    if (len % 4 == 1)
-        return -1;
-    long n = 0;
-    uint32_t acc = 0;
-    int bits = 0;
-    for (size_t i = 0; i < len; i++) {
-        int v = table[(unsigned char)in[i]];
-        if (v < 0)
-            return -1;
-        acc = (acc << 6) | (uint32_t)v;
-        bits += 6;
-        if (bits >= 8) {
-            bits -= 8;
-            out[n++] = (unsigned char)(acc >> bits);
-        }
-    }
-    return n;
-}
+#include "types.h"
 
 static ces_replay_status_t flush(ces_pipeline_t *p, char *errstr, size_t errstr_size) {
     switch (ces_pipeline_flush(p, errstr, errstr_size)) {
@@ -101,7 +71,8 @@ static ces_replay_status_t replay_file(ces_pipeline_t *p, const char *path,
             }
         }
         int64_t now = ces_now_ms();
-        if (ces_pipeline_add(p, &rec, now, errstr, errstr_size) != CES_PIPELINE_OK) {
+        if (ces_pipeline_add(p, &rec, now, errstr, errstr_size) != CES_PIPELINE_OK ||
+            ces_pipeline_tick(p, now, errstr, errstr_size) != CES_PIPELINE_OK) {
             rc = CES_REPLAY_FATAL;
             goto done;
         }
@@ -128,8 +99,9 @@ ces_replay_status_t ces_replay_files(ces_pipeline_t *p, char *const *paths, size
         if (rc != CES_REPLAY_OK)
             return rc;
     }
-    /* Nothing more will come: incomplete segment groups are dead letters now. */
-    if (ces_pipeline_give_up_segments(p, errstr, errstr_size) != CES_PIPELINE_OK)
+    /* Nothing more will come: held transactions are complete, incomplete segment groups are dead
+     * letters now. */
+    if (ces_pipeline_drain(p, errstr, errstr_size) != CES_PIPELINE_OK)
         return CES_REPLAY_FATAL;
     return flush(p, errstr, errstr_size);
 }

@@ -10,6 +10,7 @@
 #include <stddef.h>
 
 #include "pipeline.h"
+#include "types.h" /* ces_base64_decode, for base64 lines */
 
 typedef enum {
     CES_REPLAY_OK = 0,
@@ -23,9 +24,5 @@ typedef enum {
 ces_replay_status_t ces_replay_files(ces_pipeline_t *pipeline, char *const *paths, size_t npaths,
                                      volatile sig_atomic_t *stop, char *errstr,
                                      size_t errstr_size);
-
-/* Decodes standard base64 (padding optional, no whitespace inside) from in[0..len) into out, which
- * must hold len * 3 / 4 + 3 bytes. Returns the decoded length, or -1 when in is not base64. */
-long ces_base64_decode(const char *in, size_t len, unsigned char *out);
 
 #endif

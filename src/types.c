@@ -1,5 +1,7 @@
 #include "types.h"
 
+#include <stdint.h>
+
 #include <ctype.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -110,6 +112,84 @@ unknown:
     return false;
 }
 
+typedef enum { FAM_TEXT, FAM_NUMBER, FAM_BOOL, FAM_DATE, FAM_TIME, FAM_TIMESTAMP, FAM_BYTES, FAM_UUID, FAM_OTHER } family_t;
+
+static family_t family_of_typname(const char *t) {
+    static const struct {
+        const char *name;
+        family_t family;
+    } names[] = {
+        {"text", FAM_TEXT},       {"varchar", FAM_TEXT},          {"bpchar", FAM_TEXT},
+        {"int2", FAM_NUMBER},     {"int4", FAM_NUMBER},           {"int8", FAM_NUMBER},
+        {"numeric", FAM_NUMBER},  {"float4", FAM_NUMBER},         {"float8", FAM_NUMBER},
+        {"bool", FAM_BOOL},       {"date", FAM_DATE},             {"time", FAM_TIME},
+        {"timestamp", FAM_TIMESTAMP}, {"timestamptz", FAM_TIMESTAMP}, {"bytea", FAM_BYTES},
+        {"uuid", FAM_UUID},
+    };
+    for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
+        if (strcmp(names[i].name, t) == 0)
+            return names[i].family;
+    }
+    return FAM_OTHER;
+}
+
+static family_t family_of_mapped(const char *m) {
+    static const struct {
+        const char *prefix;
+        family_t family;
+    } prefixes[] = {
+        {"timestamptz", FAM_TIMESTAMP}, {"timestamp", FAM_TIMESTAMP}, {"time", FAM_TIME},
+        {"date", FAM_DATE},             {"boolean", FAM_BOOL},        {"smallint", FAM_NUMBER},
+        {"integer", FAM_NUMBER},        {"bigint", FAM_NUMBER},       {"numeric", FAM_NUMBER},
+        {"real", FAM_NUMBER},           {"double precision", FAM_NUMBER},
+        {"char", FAM_TEXT},             {"varchar", FAM_TEXT},        {"text", FAM_TEXT},
+        {"bytea", FAM_BYTES},           {"uuid", FAM_UUID},
+    };
+    for (size_t i = 0; i < sizeof(prefixes) / sizeof(prefixes[0]); i++) {
+        if (strncmp(m, prefixes[i].prefix, strlen(prefixes[i].prefix)) == 0)
+            return prefixes[i].family;
+    }
+    return FAM_OTHER;
+}
+
+bool ces_types_compatible(const char *target_typname, const char *mapped_type) {
+    family_t target = family_of_typname(target_typname);
+    if (target == FAM_TEXT || target == FAM_OTHER)
+        return true; /* text takes anything; other types were chosen by the user: trust them */
+    return target == family_of_mapped(mapped_type);
+}
+
+long ces_base64_decode(const char *in, size_t len, unsigned char *out) {
+    static signed char table[256];
+    static int ready = 0;
+    if (!ready) {
+        memset(table, -1, sizeof(table));
+        const char *alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+        for (int i = 0; i < 64; i++)
+            table[(unsigned char)alphabet[i]] = (signed char)i;
+        ready = 1;
+    }
+    while (len > 0 && in[len - 1] == '=')
+        len--;
+    if (len % 4 == 1)
+        return -1;
+    long n = 0;
+    uint32_t acc = 0;
+    int bits = 0;
+    for (size_t i = 0; i < len; i++) {
+        int v = table[(unsigned char)in[i]];
+        if (v < 0)
+            return -1;
+        acc = (acc << 6) | (uint32_t)v;
+        bits += 6;
+        if (bits >= 8) {
+            bits -= 8;
+            out[n++] = (unsigned char)(acc >> bits);
+        }
+    }
+    return n;
+}
+
 ces_conv_t ces_types_conversion(const char *pg_type) {
     if (strcmp(pg_type, "bytea") == 0)
         return CES_CONV_BYTEA;
@@ -130,6 +210,29 @@ const char *ces_types_convert(ces_conv_t conv, const char *value, size_t len, ce
             copy[0] = '\\';
             copy[1] = 'x';
             return copy;
+        }
+        if (len > 0 && len % 4 == 0) {
+            /* Some renderings of binary columns are base64: turn them into hex. A value that is not
+             * base64 either goes as it is, and PostgreSQL says what is wrong with it. */
+            unsigned char *bytes = ces_arena_alloc(arena, len / 4 * 3 + 3);
+            if (bytes == NULL)
+                return NULL;
+            long n = ces_base64_decode(value, len, bytes);
+            if (n < 0)
+                return value;
+            static const char hex[] = "0123456789abcdef";
+            char *out = ces_arena_alloc(arena, (size_t)n * 2 + 3);
+            if (out == NULL)
+                return NULL;
+            out[0] = '\\';
+            out[1] = 'x';
+            for (long i = 0; i < n; i++) {
+                out[2 + 2 * i] = hex[bytes[i] >> 4];
+                out[3 + 2 * i] = hex[bytes[i] & 15];
+            }
+            out[2 + 2 * n] = '\0';
+            *out_len = (size_t)n * 2 + 2;
+            return out;
         }
         return value;
     }

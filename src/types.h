@@ -12,7 +12,7 @@
 
 typedef enum {
     CES_CONV_NONE = 0, /* PostgreSQL reads SQL Server's text as it is */
-    CES_CONV_BYTEA,    /* 0x-prefixed hex to PostgreSQL's \x hex */
+    CES_CONV_BYTEA,    /* 0x-prefixed hex (or, tolerated, base64) to PostgreSQL's \x hex */
 } ces_conv_t;
 
 /*
@@ -21,6 +21,14 @@ typedef enum {
  * when the type is known; unknown types map to "text" and return false (callers warn).
  */
 bool ces_types_map(const char *sqlserver_type, char *buf, size_t size);
+
+/*
+ * Can a column of PostgreSQL base type target_typname (pg_type.typname, e.g. "int4") hold values of
+ * a source column mapped to mapped_type (what ces_types_map wrote, e.g. "varchar(50)")? Text
+ * columns hold anything; otherwise the families must agree (numbers, booleans, dates, times,
+ * timestamps, bytes, uuids). False is a type conflict.
+ */
+bool ces_types_compatible(const char *target_typname, const char *mapped_type);
 
 /* The conversion a value needs before PostgreSQL reads it into a column of pg_type (as printed by
  * format_type, e.g. "bytea"). */
@@ -32,5 +40,9 @@ ces_conv_t ces_types_conversion(const char *pg_type);
  */
 const char *ces_types_convert(ces_conv_t conv, const char *value, size_t len, ces_arena_t *arena,
                               size_t *out_len);
+
+/* Decodes standard base64 (padding optional, no whitespace inside) from in[0..len) into out, which
+ * must hold len * 3 / 4 + 3 bytes. Returns the decoded length, or -1 when in is not base64. */
+long ces_base64_decode(const char *in, size_t len, unsigned char *out);
 
 #endif

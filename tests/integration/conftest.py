@@ -285,6 +285,20 @@ class Postgres:
             )
             self.started = False
 
+    def restart(self, down_seconds=0.0):
+        """Stops the server (fast: sessions are cut), optionally stays down for a while, and starts
+        it again on the same port."""
+        self.stop()
+        if down_seconds:
+            time.sleep(down_seconds)  # the outage itself is what is tested, not a wait
+        r = self._run(
+            [str(PG_BINDIR / "pg_ctl"), "start", "-w", "-t", "60", "-D",
+             str(self.pgdata), "-l", str(self.log_path), "-o", f"-p {self.port}"],
+            timeout=90,
+        )
+        assert r.returncode == 0, r.stdout + r.stderr
+        self.started = True
+
     def cleanup(self):
         self.stop()
         shutil.rmtree(self.dir, ignore_errors=True)
@@ -558,24 +572,32 @@ def _cfg_str(value):
 
 def make_config(db=None, broker=None, group="ces2pg-test", topics=("ces",),
                 properties=None, batch_max_events=None, batch_max_ms=50,
-                log_level="info", extra_config="", conninfo=None):
+                log_level="info", extra_config="", conninfo=None,
+                kafka_extra=(), apply_extra=()):
     """Returns the text of a ces2pg config file.
 
+    apply_extra: more lines of the apply section, e.g.
+    'ordering = "partition";'.
+
     Sections are written only when they have content: no kafka section
-    without a broker (replay mode). extra_config is appended verbatim; it
-    must not repeat a section written here (libconfig rejects duplicates):
-    use the keyword arguments for those.
+    without a broker or kafka_extra (replay mode). kafka_extra: more lines
+    of the kafka section, e.g. 'ssl_ca_file = "/path";' (with broker=None,
+    no brokers line: Event Hubs mode derives it). extra_config is appended
+    verbatim; it must not repeat a section written here (libconfig rejects
+    duplicates): use the keyword arguments for those.
     """
     if isinstance(topics, str):
         topics = (topics,)
     if properties is None:
         properties = DEFAULT_KAFKA_PROPERTIES
     lines = []
-    if broker is not None:
-        bootstrap = broker if isinstance(broker, str) else broker.bootstrap
+    if broker is not None or kafka_extra:
+        lines.append("kafka = {")
+        if broker is not None:
+            bootstrap = broker if isinstance(broker, str) else broker.bootstrap
+            lines.append(f"  brokers = {_cfg_str(bootstrap)};")
+        lines += [f"  {line}" for line in kafka_extra]
         lines += [
-            "kafka = {",
-            f"  brokers = {_cfg_str(bootstrap)};",
             "  topics = [ " + ", ".join(_cfg_str(t) for t in topics) + " ];",
             f"  group_id = {_cfg_str(group)};",
             "  properties = [ " + ", ".join(_cfg_str(p) for p in properties)
@@ -591,6 +613,7 @@ def make_config(db=None, broker=None, group="ces2pg-test", topics=("ces",),
         apply.append(f"  batch_max_events = {int(batch_max_events)};")
     if batch_max_ms is not None:
         apply.append(f"  batch_max_ms = {int(batch_max_ms)};")
+    apply += [f"  {line}" for line in apply_extra]
     if apply:
         lines += ["apply = {"] + apply + ["};"]
     if log_level is not None:
@@ -1072,25 +1095,58 @@ def read_records(path):
 
 
 _TBL_RE = re.compile(r'"tbl"\s*:\s*"([^"]+)"')
+_PKKEY_RE = re.compile(r'"pkkey"\s*:\s*\[\s*\{\s*"columnname"\s*:\s*"[^"]*"\s*,'
+                       r'\s*"value"\s*:\s*"([^"]*)"')
+
+
+def produce_placed(broker, topic, records, partitions):
+    """Produces records[i] to partitions[i], in list order (so in order
+    within each partition); waits for delivery. Returns {partition: count}.
+    """
+    counts = {}
+    for p in partitions:
+        counts[p] = counts.get(p, 0) + 1
+    producer = broker.producer()
+    errors = []
+
+    def cb(err, msg):
+        if err is not None:
+            errors.append(err)
+
+    for rec, p in zip(records, partitions):
+        while True:
+            try:
+                producer.produce(topic, value=rec, partition=p, on_delivery=cb)
+                break
+            except BufferError:  # local queue full: let it drain
+                producer.poll(0.1)
+        producer.poll(0)
+    left = producer.flush(60)
+    assert left == 0, f"{left} message(s) not delivered within 60s"
+    assert not errors, f"delivery errors: {errors[:5]}"
+    return counts
 
 
 def stream_partitions(records, nparts, scheme="table"):
     """The partition ces-gen would produce each record to.
 
-    scheme "table": crc32("dbo.<Table>") mod nparts (segments follow the
-    first segment of their logicalid); "streamgroup": 0.
+    scheme "table": crc32("dbo.<Table>") mod nparts; "column": crc32(first
+    primary key value) mod nparts (segments follow the first segment of
+    their logicalid); "streamgroup": 0; "none": round-robin per record.
     """
     if scheme == "streamgroup":
         return [0] * len(records)
-    assert scheme == "table", f"unsupported partition scheme {scheme}"
+    if scheme == "none":
+        return [i % nparts for i in range(len(records))]
+    assert scheme in ("table", "column"), f"unsupported partition scheme {scheme}"
     by_logicalid = {}
     parts = []
     for rec in records:
         event = json.loads(rec)
-        m = _TBL_RE.search(event["data"])
+        m = (_TBL_RE if scheme == "table" else _PKKEY_RE).search(event["data"])
         if m:
-            schema = "dbo"
-            p = zlib.crc32(f"{schema}.{m.group(1)}".encode()) % nparts
+            text = m.group(1) if scheme == "column" else f"dbo.{m.group(1)}"
+            p = zlib.crc32(text.encode()) % nparts
             by_logicalid[event["logicalid"]] = p
         else:  # a later segment: the data slice has no table name
             p = by_logicalid[event["logicalid"]]
@@ -1198,10 +1254,16 @@ class PacedProducer:
                         return
                     left = producer.flush(30)
                     assert left == 0, f"{left} records not delivered"
-                    if conn is None:
-                        conn = self.db.connect()
                     before = dict(applied)
-                    applied = _read_offsets_conn(conn, self.group, self.topic)
+                    try:
+                        if conn is None:
+                            conn = self.db.connect()
+                        applied = _read_offsets_conn(conn, self.group, self.topic)
+                    except psycopg2.OperationalError:
+                        # The server may be restarted by the test: reconnect next round.
+                        if conn is not None:
+                            conn.close()
+                        conn = None
                     if applied != before:
                         last_progress = time.monotonic()
                     elif time.monotonic() - last_progress > self.stall_timeout:

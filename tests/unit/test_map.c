@@ -26,7 +26,33 @@ static void put_get_grow(void **state) {
     ces_map_destroy(NULL);
 }
 
+static void remove_keeps_others_findable(void **state) {
+    (void)state;
+    ces_map_t *m = ces_map_new();
+    char key[32];
+    for (uintptr_t i = 1; i <= 3000; i++) {
+        int n = snprintf(key, sizeof(key), "k%lu", (unsigned long)i);
+        assert_int_equal(ces_map_put(m, key, (size_t)n, (void *)i), 0);
+    }
+    for (uintptr_t i = 1; i <= 3000; i += 3) {
+        int n = snprintf(key, sizeof(key), "k%lu", (unsigned long)i);
+        assert_true((uintptr_t)ces_map_remove(m, key, (size_t)n) == i);
+        assert_null(ces_map_remove(m, key, (size_t)n));
+    }
+    assert_int_equal(ces_map_count(m), 2000);
+    for (uintptr_t i = 1; i <= 3000; i++) {
+        int n = snprintf(key, sizeof(key), "k%lu", (unsigned long)i);
+        void *v = ces_map_get(m, key, (size_t)n);
+        if (i % 3 == 1)
+            assert_null(v);
+        else
+            assert_true((uintptr_t)v == i);
+    }
+    ces_map_destroy(m);
+}
+
 int main(void) {
-    const struct CMUnitTest tests[] = {cmocka_unit_test(put_get_grow)};
+    const struct CMUnitTest tests[] = {cmocka_unit_test(put_get_grow),
+                                       cmocka_unit_test(remove_keeps_others_findable)};
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

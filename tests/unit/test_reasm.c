@@ -142,12 +142,31 @@ static void bounds_and_timeout(void **state) {
     ces_reasm_destroy(r, release);
 }
 
+static void late_duplicate_of_a_completed_group(void **state) {
+    (void)state;
+    ces_reasm_t *r = new_reasm(1 << 20, 100, 1000);
+    ces_reasm_group_t *g = NULL;
+    released = 0;
+    assert_int_equal(add(r, "Z", seg(0, 1, 0, false, "a"), 0, &g), CES_REASM_HELD);
+    assert_int_equal(add(r, "Z", seg(1, 1, 1, true, "b"), 0, &g), CES_REASM_COMPLETE);
+    ces_reasm_group_free(g, release);
+    /* Resent after the event was joined: recognised, not a group that never completes. */
+    assert_int_equal(add(r, "Z", seg(2, 9, 1, true, "b"), 10, &g), CES_REASM_DUPLICATE);
+    assert_int_equal(ces_reasm_pending_groups(r), 0);
+    assert_int_equal(released, 3);
+    /* After going back to stored positions the segments are read again: not duplicates then. */
+    ces_reasm_forget_completed(r);
+    assert_int_equal(add(r, "Z", seg(0, 1, 0, false, "a"), 20, &g), CES_REASM_HELD);
+    ces_reasm_destroy(r, release);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(shuffled_with_duplicates_zero_based),
         cmocka_unit_test(one_based_candidate_and_put_back),
         cmocka_unit_test(legacy_split_total),
         cmocka_unit_test(bounds_and_timeout),
+        cmocka_unit_test(late_duplicate_of_a_completed_group),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -74,11 +74,41 @@ static void bytea_hex(void **state) {
     ces_arena_destroy(arena);
 }
 
+static void bytea_base64_is_tolerated(void **state) {
+    (void)state;
+    ces_arena_t *arena = ces_arena_new();
+    size_t len;
+    const char *v = ces_types_convert(CES_CONV_BYTEA, "3q2+7w==", 8, arena, &len);
+    assert_string_equal(v, "\\xdeadbeef");
+    assert_int_equal(len, 10);
+    /* Neither hex nor base64: passed through for PostgreSQL to judge. */
+    v = ces_types_convert(CES_CONV_BYTEA, "not*b64", 7, arena, &len);
+    assert_string_equal(v, "not*b64");
+    ces_arena_destroy(arena);
+}
+
+static void type_conflicts(void **state) {
+    (void)state;
+    assert_true(ces_types_compatible("int4", "bigint"));
+    assert_true(ces_types_compatible("numeric", "integer"));
+    assert_true(ces_types_compatible("text", "integer"));       /* text holds anything */
+    assert_true(ces_types_compatible("varchar", "uuid"));
+    assert_true(ces_types_compatible("timestamptz", "timestamp(6)"));
+    assert_true(ces_types_compatible("my_domain", "integer"));  /* the user's choice */
+    assert_false(ces_types_compatible("int4", "varchar(50)"));
+    assert_false(ces_types_compatible("bool", "integer"));
+    assert_false(ces_types_compatible("uuid", "text"));
+    assert_false(ces_types_compatible("date", "timestamp(3)"));
+    assert_false(ces_types_compatible("bytea", "varchar(10)"));
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(maps_every_documented_type),
         cmocka_unit_test(unknown_types_become_text),
         cmocka_unit_test(bytea_hex),
+        cmocka_unit_test(bytea_base64_is_tolerated),
+        cmocka_unit_test(type_conflicts),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,0 +1,295 @@
+#include "order.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct {
+    ces_lsn_t lsn;
+    ces_item_t *items;
+    size_t count;
+    size_t capacity;
+} txn_t;
+
+struct ces_order_s {
+    txn_t **txns; /* sorted by LSN, oldest first, starting at head */
+    size_t head;
+    size_t count; /* live entries from head */
+    size_t capacity;
+    size_t events;
+    uint64_t duplicates;
+    /* Recently committed positions: a ring of the last dedup_window, indexed by a hash set. */
+    ces_position_t *ring;
+    size_t ring_size;
+    size_t ring_next;
+    size_t ring_used;
+    uint32_t *slots; /* ring index + 1, 0 = empty; open addressing */
+    size_t nslots;   /* power of two, > 2 * ring_size */
+};
+
+ces_order_t *ces_order_new(size_t dedup_window) {
+    ces_order_t *o = calloc(1, sizeof(*o));
+    if (o == NULL)
+        return NULL;
+    if (dedup_window > 0) {
+        o->ring_size = dedup_window;
+        o->nslots = 16;
+        while (o->nslots < dedup_window * 2 + 1)
+            o->nslots *= 2;
+        o->ring = calloc(dedup_window, sizeof(ces_position_t));
+        o->slots = calloc(o->nslots, sizeof(uint32_t));
+        if (o->ring == NULL || o->slots == NULL) {
+            ces_order_destroy(o, NULL);
+            return NULL;
+        }
+    }
+    return o;
+}
+
+static void txn_free(txn_t *t, void (*release)(void *owner)) {
+    for (size_t i = 0; i < t->count; i++) {
+        if (release != NULL && t->items[i].owner != NULL)
+            release(t->items[i].owner);
+        ces_arena_destroy(t->items[i].arena);
+    }
+    free(t->items);
+    free(t);
+}
+
+void ces_order_clear(ces_order_t *o, void (*release)(void *owner)) {
+    for (size_t i = 0; i < o->count; i++)
+        txn_free(o->txns[o->head + i], release);
+    o->head = 0;
+    o->count = 0;
+    o->events = 0;
+}
+
+void ces_order_destroy(ces_order_t *o, void (*release)(void *owner)) {
+    if (o == NULL)
+        return;
+    ces_order_clear(o, release);
+    free(o->txns);
+    free(o->ring);
+    free(o->slots);
+    free(o);
+}
+
+static uint64_t position_hash(const ces_position_t *p) {
+    uint64_t h = p->commit_lsn.low * 0x9E3779B97F4A7C15ULL;
+    h ^= ((uint64_t)p->commit_lsn.high << 32 | (p->sequence & 0xFFFFFFFFu)) * 0xC2B2AE3D27D4EB4FULL;
+    h ^= h >> 29;
+    return h;
+}
+
+static bool position_equal(const ces_position_t *a, const ces_position_t *b) {
+    return ces_position_compare(a, b) == 0;
+}
+
+static bool seen(const ces_order_t *o, const ces_position_t *p) {
+    if (o->ring_size == 0)
+        return false;
+    size_t i = (size_t)position_hash(p) & (o->nslots - 1);
+    while (o->slots[i] != 0) {
+        if (position_equal(&o->ring[o->slots[i] - 1], p))
+            return true;
+        i = (i + 1) & (o->nslots - 1);
+    }
+    return false;
+}
+
+/* Removes ring entry r from the hash set (backward-shift deletion keeps probing intact). */
+static void unindex(ces_order_t *o, size_t r) {
+    size_t i = (size_t)position_hash(&o->ring[r]) & (o->nslots - 1);
+    while (o->slots[i] != r + 1) {
+        if (o->slots[i] == 0)
+            return;
+        i = (i + 1) & (o->nslots - 1);
+    }
+    size_t j = i;
+    for (;;) {
+        o->slots[i] = 0;
+        for (;;) {
+            j = (j + 1) & (o->nslots - 1);
+            if (o->slots[j] == 0)
+                return;
+            size_t home = (size_t)position_hash(&o->ring[o->slots[j] - 1]) & (o->nslots - 1);
+            /* Move slot j back to i unless its home lies cyclically in (i, j]. */
+            bool stays = i <= j ? (i < home && home <= j) : (i < home || home <= j);
+            if (!stays)
+                break;
+        }
+        o->slots[i] = o->slots[j];
+        i = j;
+    }
+}
+
+static void remember(ces_order_t *o, const ces_position_t *p) {
+    if (o->ring_size == 0 || seen(o, p))
+        return;
+    size_t r = o->ring_next;
+    if (o->ring_used == o->ring_size)
+        unindex(o, r);
+    else
+        o->ring_used++;
+    o->ring[r] = *p;
+    o->ring_next = (r + 1) % o->ring_size;
+    size_t i = (size_t)position_hash(p) & (o->nslots - 1);
+    while (o->slots[i] != 0)
+        i = (i + 1) & (o->nslots - 1);
+    o->slots[i] = (uint32_t)(r + 1);
+}
+
+void ces_order_committed(ces_order_t *o, const ces_batch_t *batch) {
+    for (size_t i = 0; i < batch->count; i++) {
+        if (batch->items[i].kind == CES_ITEM_EVENT)
+            remember(o, &batch->items[i].event.position);
+    }
+}
+
+/* Index (from head) of the first transaction whose LSN is >= lsn. */
+static size_t lower_bound(const ces_order_t *o, ces_lsn_t lsn) {
+    size_t lo = 0, hi = o->count;
+    while (lo < hi) {
+        size_t mid = (lo + hi) / 2;
+        if (ces_lsn_compare(o->txns[o->head + mid]->lsn, lsn) < 0)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+static txn_t *find_or_insert(ces_order_t *o, ces_lsn_t lsn) {
+    size_t at = lower_bound(o, lsn);
+    if (at < o->count && ces_lsn_compare(o->txns[o->head + at]->lsn, lsn) == 0)
+        return o->txns[o->head + at];
+    if (o->head + o->count == o->capacity) {
+        if (o->head > 0) {
+            memmove(o->txns, o->txns + o->head, o->count * sizeof(txn_t *));
+            o->head = 0;
+        } else {
+            size_t cap = o->capacity ? o->capacity * 2 : 64;
+            txn_t **t = realloc(o->txns, cap * sizeof(*t));
+            if (t == NULL)
+                return NULL;
+            o->txns = t;
+            o->capacity = cap;
+        }
+    }
+    txn_t *t = calloc(1, sizeof(*t));
+    if (t == NULL)
+        return NULL;
+    t->lsn = lsn;
+    txn_t **base = o->txns + o->head;
+    memmove(base + at + 1, base + at, (o->count - at) * sizeof(txn_t *));
+    base[at] = t;
+    o->count++;
+    return t;
+}
+
+ces_order_status_t ces_order_add(ces_order_t *o, const ces_item_t *item,
+                                 void (*release)(void *owner)) {
+    const ces_position_t *pos = &item->event.position;
+    /* Checked before a transaction is made for it: an empty one would block the release order. */
+    bool duplicate = seen(o, pos);
+    txn_t *t = duplicate ? NULL : find_or_insert(o, pos->commit_lsn);
+    if (t == NULL && !duplicate)
+        return CES_ORDER_NOMEM;
+    for (size_t i = 0; !duplicate && i < t->count; i++)
+        duplicate = t->items[i].event.position.sequence == pos->sequence;
+    if (duplicate) {
+        o->duplicates++;
+        if (release != NULL && item->owner != NULL)
+            release(item->owner);
+        ces_arena_destroy(item->arena);
+        return CES_ORDER_DUPLICATE;
+    }
+    if (t->count == t->capacity) {
+        size_t cap = t->capacity ? t->capacity * 2 : 8;
+        ces_item_t *items = realloc(t->items, cap * sizeof(*items));
+        if (items == NULL)
+            return CES_ORDER_NOMEM;
+        t->items = items;
+        t->capacity = cap;
+    }
+    t->items[t->count++] = *item;
+    o->events++;
+    return CES_ORDER_HELD;
+}
+
+bool ces_order_oldest(const ces_order_t *o, ces_lsn_t *lsn, size_t *events) {
+    if (o->count == 0)
+        return false;
+    const txn_t *t = o->txns[o->head];
+    *lsn = t->lsn;
+    if (events != NULL)
+        *events = t->count;
+    return true;
+}
+
+static int by_sequence(const void *a, const void *b) {
+    const ces_item_t *x = a, *y = b;
+    if (x->event.position.sequence != y->event.position.sequence)
+        return x->event.position.sequence < y->event.position.sequence ? -1 : 1;
+    /* Equal sequences cannot both be held (duplicates are dropped); keep arrival order. */
+    return 0;
+}
+
+long ces_order_pop_oldest(ces_order_t *o, ces_batch_t *batch, void (*release)(void *owner)) {
+    if (o->count == 0)
+        return 0;
+    txn_t *t = o->txns[o->head];
+    qsort(t->items, t->count, sizeof(ces_item_t), by_sequence);
+    long moved = 0;
+    for (size_t i = 0; i < t->count; i++) {
+        ces_item_t *src = &t->items[i];
+        if (seen(o, &src->event.position)) {
+            o->duplicates++;
+            if (release != NULL && src->owner != NULL)
+                release(src->owner);
+            ces_arena_destroy(src->arena);
+            continue;
+        }
+        ces_item_t *dst = ces_batch_add(batch);
+        if (dst == NULL) {
+            /* Keep the rest held: shift them to the front of the transaction. */
+            memmove(t->items, t->items + i, (t->count - i) * sizeof(ces_item_t));
+            o->events -= i;
+            t->count -= i;
+            return -1;
+        }
+        *dst = *src;
+        moved++;
+    }
+    o->events -= t->count;
+    free(t->items);
+    free(t);
+    o->head++;
+    o->count--;
+    if (o->count == 0)
+        o->head = 0;
+    return moved;
+}
+
+bool ces_order_min_offset(const ces_order_t *o, const char *topic, int32_t partition,
+                          int64_t *offset) {
+    bool found = false;
+    for (size_t i = 0; i < o->count; i++) {
+        const txn_t *t = o->txns[o->head + i];
+        for (size_t k = 0; k < t->count; k++) {
+            const ces_item_t *item = &t->items[k];
+            for (size_t m = 0; m <= item->nmore_sources; m++) {
+                const ces_source_t *s = m == 0 ? &item->source : &item->more_sources[m - 1];
+                if (s->partition == partition && (!found || s->offset < *offset) &&
+                    strcmp(s->topic, topic) == 0) {
+                    *offset = s->offset;
+                    found = true;
+                }
+            }
+        }
+    }
+    return found;
+}
+
+size_t ces_order_pending_events(const ces_order_t *o) { return o->events; }
+size_t ces_order_pending_transactions(const ces_order_t *o) { return o->count; }
+uint64_t ces_order_duplicates(const ces_order_t *o) { return o->duplicates; }

@@ -1,0 +1,58 @@
+/*
+ * order: source transactions waiting to be applied in commit order.
+ *
+ * In transaction mode, decoded events are grouped by commit LSN. The pipeline decides when the
+ * oldest transaction is complete (every owned partition has passed its LSN, or is caught up and
+ * quiet) and pops it whole, its events in sequence order, so that a PostgreSQL reader never sees
+ * part of a source transaction. A small window of recently committed positions recognises resent
+ * duplicates.
+ */
+#ifndef CES_ORDER_H
+#define CES_ORDER_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "batch.h"
+
+typedef struct ces_order_s ces_order_t;
+
+/* dedup_window: how many committed positions are remembered to recognise duplicates. */
+ces_order_t *ces_order_new(size_t dedup_window);
+/* Frees every held item (release is called on each owner). Accepts NULL. */
+void ces_order_destroy(ces_order_t *order, void (*release)(void *owner));
+
+typedef enum {
+    CES_ORDER_HELD,
+    CES_ORDER_DUPLICATE, /* the same position is held or was committed recently: item released */
+    CES_ORDER_NOMEM,
+} ces_order_status_t;
+
+/* Takes an event item (its arena and owner). */
+ces_order_status_t ces_order_add(ces_order_t *order, const ces_item_t *item,
+                                 void (*release)(void *owner));
+
+/* The oldest held transaction: false when nothing is held. */
+bool ces_order_oldest(const ces_order_t *order, ces_lsn_t *lsn, size_t *events);
+
+/* Moves the oldest transaction's items, in sequence order, to the end of batch. Items already
+ * committed (recently seen positions) are released instead. Returns the number moved, -1 when
+ * out of memory. */
+long ces_order_pop_oldest(ces_order_t *order, ces_batch_t *batch, void (*release)(void *owner));
+
+/* Remembers the positions of the committed event items of batch (for duplicate detection). */
+void ces_order_committed(ces_order_t *order, const ces_batch_t *batch);
+
+/* Lowest offset held for (topic, partition); false when none. */
+bool ces_order_min_offset(const ces_order_t *order, const char *topic, int32_t partition,
+                          int64_t *offset);
+
+/* Drops everything held (after a rewind or revocation). */
+void ces_order_clear(ces_order_t *order, void (*release)(void *owner));
+
+size_t ces_order_pending_events(const ces_order_t *order);
+size_t ces_order_pending_transactions(const ces_order_t *order);
+uint64_t ces_order_duplicates(const ces_order_t *order);
+
+#endif

@@ -1,0 +1,329 @@
+"""Apply semantics: types, keys, identifiers, schema mapping and evolution, failure handling.
+
+Records are built here by hand, as CES writes them (the shape of the documented examples), so that
+each test controls exactly which values and names reach ces2pg.
+"""
+
+import json
+import re
+import threading
+
+import psycopg2
+import pytest
+
+from conftest import (
+    PacedProducer,
+    assert_tables_match,
+    dead_letters,
+    generate,
+    parse_replay_summary,
+    read_records,
+    run_replay,
+    wait_applied,
+    wait_until,
+    write_records,
+)
+
+GROUP = "ces2pg-test"
+_lsn = [0x1000]
+
+
+def ces_record(table, cols, op, current=None, old=None, pk=None, db="Db", schema="dbo",
+               sequence=1, lsn=None):
+    """One current-generation CES record (bytes). cols: [(name, sqlserver type)]; current/old:
+    dicts of name -> value (str or None); pk: names of the key columns."""
+    if lsn is None:
+        _lsn[0] += 1
+        lsn = _lsn[0]
+    commit = "00000001:%08X:0001" % lsn
+    image = current if op != "DEL" else old
+    pkkey = [{"columnname": k, "value": image[k]} for k in (pk or [])]
+    data = {
+        "eventsource": {
+            "db": db, "schema": schema, "tbl": table,
+            "cols": [{"name": n, "type": t, "index": i} for i, (n, t) in enumerate(cols)],
+            "pkkey": pkkey,
+            "transaction": {"commitlsn": commit, "beginlsn": commit, "sequencenumber": sequence,
+                            "finalevent": False, "committime": "2026-08-07T16:25:00.890Z"},
+        },
+        "eventrow": {"old": json.dumps(old or {}), "current": json.dumps(current or {})},
+    }
+    envelope = {
+        "specversion": "1.0", "type": "com.microsoft.SQL.CES.DML.V1", "source": "/",
+        "id": "00000000-0000-0000-0000-%012d" % lsn,
+        "logicalid": "11111111-2222-3333-4444-555555555555:00000001%08X0001:%020d" % (lsn, sequence),
+        "time": "2026-08-07T16:25:00.890Z", "datacontenttype": "application/json",
+        "operation": op, "segmentindex": 1, "finalsegment": True, "data": json.dumps(data),
+    }
+    return json.dumps(envelope).encode()
+
+
+def replay_records(db, tmp_path, records, **kw):
+    path = tmp_path / f"records-{_lsn[0]}.jsonl"
+    write_records(path, records)
+    rc, out, err = run_replay(db, [path], **kw)
+    assert rc == 0, err
+    return parse_replay_summary(out), out, err
+
+
+def text_query(db, sql):
+    with db.connect() as conn, conn.cursor() as cur:
+        cur.execute("SET TimeZone = 'UTC'; SET DateStyle = 'ISO'; SET extra_float_digits = 1")
+        cur.execute(sql)
+        return cur.fetchall()
+
+
+# SQL Server type, a realistic SQL Server rendering, PostgreSQL type, what PostgreSQL must hold.
+TYPE_CASES = [
+    ("bit", "1", "boolean", "true"),
+    ("bit", "False", "boolean", "false"),
+    ("tinyint", "255", "smallint", "255"),
+    ("smallint", "-32768", "smallint", "-32768"),
+    ("int", "2147483647", "integer", "2147483647"),
+    ("bigint", "-9223372036854775808", "bigint", "-9223372036854775808"),
+    ("decimal(10,2)", "12345678.90", "numeric(10,2)", "12345678.90"),
+    ("numeric(38,10)", "-0.0000000001", "numeric(38,10)", "-0.0000000001"),
+    ("money", "922337203685477.5807", "numeric(19,4)", "922337203685477.5807"),
+    ("smallmoney", "-214748.3648", "numeric(10,4)", "-214748.3648"),
+    ("real", "3.4028235E+38", "real", "3.4028235e+38"),
+    ("float", "1.7976931348623157E+308", "double precision", "1.7976931348623157e+308"),
+    ("float", "-2.5E-3", "double precision", "-0.0025"),
+    ("date", "0001-01-01", "date", "0001-01-01"),
+    ("time(7)", "16:25:00.8833336", "time(6) without time zone", "16:25:00.883334"),
+    ("datetime", "2025-03-14 16:45:01.003", "timestamp(3) without time zone",
+     "2025-03-14 16:45:01.003"),
+    ("smalldatetime", "2025-03-14 16:45:00", "timestamp(0) without time zone",
+     "2025-03-14 16:45:00"),
+    ("datetime2(7)", "9999-12-31 23:59:59.9999994", "timestamp(6) without time zone",
+     "9999-12-31 23:59:59.999999"),
+    ("datetimeoffset(7)", "2026-08-07 16:25:00.8833333 +05:45", "timestamp(6) with time zone",
+     "2026-08-07 10:40:00.883333+00"),
+    ("char(5)", "ab   ", "character(5)", "ab"),
+    ("nchar(3)", "日本語", "character(3)", "日本語"),
+    ("varchar(10)", "it's \"q\"", "character varying(10)", "it's \"q\""),
+    ("nvarchar(max)", "line\nbreak\ttab \\ back", "text", "line\nbreak\ttab \\ back"),
+    ("binary(4)", "0xDEADBEEF", "bytea", "\\xdeadbeef"),
+    ("varbinary(max)", "3q2+7w==", "bytea", "\\xdeadbeef"),
+    ("uniqueidentifier", "6F9619FF-8B86-D011-B42D-00C04FD430C8", "uuid",
+     "6f9619ff-8b86-d011-b42d-00c04fd430c8"),
+    ("sql_variant", "anything", "text", "anything"),
+]
+
+
+def test_type_families(tmp_path, db):
+    cols = [("Id", "int")] + [("c%d" % i, t) for i, (t, _, _, _) in enumerate(TYPE_CASES)]
+    current = {"Id": "1"}
+    current.update({"c%d" % i: v for i, (_, v, _, _) in enumerate(TYPE_CASES)})
+    (records, applied, dead), _, err = replay_records(
+        db, tmp_path, [ces_record("Types", cols, "INS", current, pk=["Id"])])
+    assert (records, applied, dead) == (1, 1, 0), err
+    types = dict(text_query(db, "SELECT attname, format_type(atttypid, atttypmod) FROM pg_attribute "
+                                "WHERE attrelid = 'dbo.types'::regclass AND attnum > 0"))
+    row = text_query(db, "SELECT " + ", ".join("c%d::text" % i for i in range(len(TYPE_CASES)))
+                     + " FROM dbo.types")[0]
+    problems = []
+    for i, (sstype, value, pgtype, want) in enumerate(TYPE_CASES):
+        if types["c%d" % i] != pgtype:
+            problems.append(f"{sstype}: column type {types['c%d' % i]}, expected {pgtype}")
+        if row[i] != want:
+            problems.append(f"{sstype} {value!r}: PostgreSQL holds {row[i]!r}, expected {want!r}")
+    assert not problems, "\n".join(problems)
+    assert "sql_variant" in err and "no mapping" in err  # unknown types warn
+
+
+def test_hostile_identifiers_are_quoted(tmp_path, db):
+    schema = 'we"ird; DROP SCHEMA ces2pg CASCADE; --'
+    table = "t'a\"b); DELETE FROM ces2pg.offsets; --"
+    cols = [("Id", "int"), ('"; DROP TABLE x; --', "nvarchar(20)"), ("Name With Space", "int"),
+            ("Ünïcødé", "nvarchar(5)")]
+    current = {"Id": "7", '"; DROP TABLE x; --': "v'1", "Name With Space": "3", "Ünïcødé": "ö"}
+    (records, applied, dead), _, err = replay_records(
+        db, tmp_path, [ces_record(table, cols, "INS", current, pk=["Id"], schema=schema)])
+    assert (applied, dead) == (1, 0), err
+    rows = text_query(db, "SELECT n.nspname, c.relname FROM pg_class c JOIN pg_namespace n "
+                          "ON n.oid = c.relnamespace WHERE c.relname LIKE 't''a%' AND c.relkind = 'r'")
+    assert rows == [(schema.lower(), table.lower())]
+    q = '"%s"."%s"' % (schema.lower().replace('"', '""'), table.lower().replace('"', '""'))
+    got = text_query(db, 'SELECT id, """; drop table x; --", "name with space", "Ünïcødé" FROM ' + q)
+    assert got == [(7, "v'1", 3, "ö")]
+    assert db.table_exists("ces2pg.offsets") and db.table_exists("ces2pg.dead_letters")
+
+
+def test_target_template_and_preserved_case(tmp_path, db):
+    cols = [("Id", "int"), ("FirstName", "nvarchar(20)")]
+    rec = ces_record("Employees", cols, "INS", {"Id": "1", "FirstName": "Ada"}, pk=["Id"],
+                     db="HR")
+    (_, applied, _), _, err = replay_records(
+        db, tmp_path, [rec],
+        extra_config='schema = { target = "{db}_{schema}.{table}"; identifier_case = "preserve"; };')
+    assert applied == 1, err
+    assert text_query(db, 'SELECT "Id", "FirstName" FROM "HR_dbo"."Employees"') == [(1, "Ada")]
+
+
+def test_include_and_exclude(tmp_path, db):
+    cols = [("Id", "int")]
+    records = [ces_record("Keep", cols, "INS", {"Id": "1"}, pk=["Id"]),
+               ces_record("Purchases", cols, "INS", {"Id": "1"}, pk=["Id"]),
+               ces_record("PurchaseLines", cols, "INS", {"Id": "1"}, pk=["Id"]),
+               ces_record("Other", cols, "INS", {"Id": "1"}, pk=["Id"], schema="audit")]
+    (total, applied, dead), out, err = replay_records(
+        db, tmp_path, records,
+        extra_config='schema = { include = [ "dbo.*" ]; exclude = [ "DBO.purchase*" ]; };')
+    assert (total, applied, dead) == (4, 1, 0), out + err
+    assert "excluded=3" in out
+    assert db.table_exists("dbo.keep")
+    assert not db.table_exists("dbo.purchases") and not db.table_exists("audit.other")
+    assert dead_letters(db) == []
+
+
+def test_table_without_primary_key(tmp_path, db):
+    cols = [("A", "int")]
+    records = [ces_record("Heap", cols, "INS", {"A": str(i)}) for i in range(3)]
+    records.append(ces_record("Keyed", [("Id", "int")], "INS", {"Id": "1"}, pk=["Id"]))
+    (total, applied, dead), _, err = replay_records(db, tmp_path, records)
+    assert (total, applied, dead) == (4, 1, 3)
+    reasons = {d["reason"] for d in dead_letters(db)}
+    assert reasons == {"table has no primary key (ces2pg applies changes by primary key)"}
+    assert len(re.findall(r"WARNING table Db\.dbo\.Heap has no primary key", err)) == 1, err
+
+
+def test_rejected_value_dead_letters_only_its_event(tmp_path, db):
+    cols = [("Id", "int"), ("Code", "varchar(3)")]
+    records = [ces_record("Codes", cols, "INS", {"Id": str(i), "Code": "ab"}, pk=["Id"])
+               for i in range(1, 50)]
+    bad = ces_record("Codes", cols, "INS", {"Id": "99", "Code": "toolong"}, pk=["Id"])
+    records.insert(20, bad)
+    records.append(ces_record("Codes", cols, "INS", {"Id": "100", "Code": "not-an-int"}, pk=["Id"]))
+    records[-1] = records[-1].replace(b'\\"Id\\": \\"100\\"', b'\\"Id\\": \\"x100\\"')
+    (total, applied, dead), _, err = replay_records(db, tmp_path, records)
+    assert (total, applied, dead) == (51, 49, 2), err
+    letters = dead_letters(db)
+    assert sorted(bytes(d["payload"]) == bad for d in letters) == [False, True]
+    assert all("SQLSTATE 22" in d["reason"] for d in letters), letters
+    assert text_query(db, "SELECT count(*) FROM dbo.codes") == [(49,)]
+
+
+def test_schema_evolves_mid_stream(tmp_path, db):
+    v1 = [("Id", "int"), ("A", "nvarchar(10)")]
+    v2 = v1 + [("B", "decimal(5,2)"), ("C", "datetime2(3)")]
+    records = [ces_record("Evolving", v1, "INS", {"Id": "1", "A": "one"}, pk=["Id"]),
+               ces_record("Evolving", v2, "INS", {"Id": "2", "A": "two", "B": "2.50",
+                                                  "C": "2026-01-02 03:04:05.678"}, pk=["Id"]),
+               ces_record("Evolving", v2, "UPD", {"Id": "1", "A": "uno", "B": "1.00", "C": None},
+                          old={"Id": "1", "A": "one"}, pk=["Id"]),
+               ces_record("Evolving", v1, "UPD", {"Id": "2", "A": "dos"},
+                          old={"Id": "2", "A": "two"}, pk=["Id"])]
+    (_, applied, dead), _, err = replay_records(db, tmp_path, records)
+    assert (applied, dead) == (4, 0), err
+    # The column only missing from the last event keeps its value (absent means unchanged).
+    assert text_query(db, "SELECT id, a, b::text, c::text FROM dbo.evolving ORDER BY id") == [
+        (1, "uno", "1.00", None), (2, "dos", "2.50", "2026-01-02 03:04:05.678")]
+    types = dict(text_query(db, "SELECT attname, format_type(atttypid, atttypmod) FROM pg_attribute"
+                                " WHERE attrelid = 'dbo.evolving'::regclass AND attnum > 0"))
+    assert types["b"] == "numeric(5,2)" and types["c"] == "timestamp(3) without time zone"
+
+
+def test_type_conflict_is_dead_lettered(tmp_path, db):
+    records = [ces_record("Conflict", [("Id", "int"), ("V", "int")], "INS",
+                          {"Id": "1", "V": "5"}, pk=["Id"]),
+               ces_record("Conflict", [("Id", "int"), ("V", "nvarchar(10)")], "INS",
+                          {"Id": "2", "V": "five"}, pk=["Id"]),
+               ces_record("Conflict", [("Id", "int"), ("V", "bigint")], "INS",
+                          {"Id": "3", "V": "7"}, pk=["Id"])]
+    (_, applied, dead), _, err = replay_records(db, tmp_path, records)
+    assert (applied, dead) == (2, 1), err
+    assert "type conflict" in dead_letters(db)[0]["reason"]
+    assert len(re.findall("type conflict: column v is integer", err)) == 1, err
+
+
+def test_key_change_without_old_image(tmp_path, db):
+    cols = [("Id", "int"), ("V", "int")]
+    records = [ces_record("Moves", cols, "INS", {"Id": "1", "V": "1"}, pk=["Id"]),
+               ces_record("Moves", cols, "UPD", {"Id": "2", "V": "1"}, pk=["Id"]),
+               ces_record("Moves", cols, "UPD", {"Id": "3", "V": "1"}, old={"Id": "2", "V": "1"},
+                          pk=["Id"])]
+    (_, applied, dead), _, err = replay_records(db, tmp_path, records)
+    assert (applied, dead) == (3, 0), err
+    # With an old image the row moves (2 -> 3); without one (1 -> 2) the old key stays: logged.
+    assert text_query(db, "SELECT id FROM dbo.moves ORDER BY id") == [(1,), (3,)]
+    assert "carry no old row image" in err
+
+
+def test_postgres_restart_mid_stream(tmp_path, pg, db, broker, ces2pg):
+    b = broker(partitions=2)
+    expect = generate(tmp_path, seed=51, events=6000)
+    records = read_records(expect["_out"])
+    parts = [i % 2 for i in range(len(records))]  # per-key order is kept by the version guard
+    daemon = ces2pg(db, b, group=GROUP, batch_max_events=50)
+    producer = PacedProducer(b, db, GROUP, "ces", records, parts).start()
+    wait_until(lambda: daemon.check_alive() or sum_offsets(db) > len(records) // 5, 60,
+               message="some progress before the restart")
+    pg.restart(down_seconds=1.0)
+    daemon.wait_log(r"retrying", timeout=30)
+    producer.finish(timeout=120, daemons=[daemon])
+    wait_applied(db, GROUP, producer.counts, timeout=90, daemons=[daemon])
+    assert_tables_match(db, expect)
+    assert dead_letters(db) == []
+    assert daemon.terminate() == 0
+
+
+def sum_offsets(db):
+    try:
+        return db.scalar("SELECT coalesce(sum(next_offset), 0) FROM ces2pg.offsets")
+    except psycopg2.Error:
+        return 0
+
+
+def test_lock_timeout_is_retried(tmp_path, db):
+    cols = [("Id", "int"), ("V", "int")]
+    (_, applied, _), _, _ = replay_records(
+        db, tmp_path, [ces_record("Locked", cols, "INS", {"Id": "1", "V": "1"}, pk=["Id"])])
+    assert applied == 1
+    blocker = db.connect()
+    blocker.autocommit = False
+    blocker.cursor().execute("SELECT * FROM dbo.locked WHERE id = 1 FOR UPDATE")
+    path = tmp_path / "update.jsonl"
+    write_records(path, [ces_record("Locked", cols, "UPD", {"Id": "1", "V": "2"},
+                                    old={"Id": "1", "V": "1"}, pk=["Id"])])
+    server_log = db.server.log_path
+    start = server_log.stat().st_size
+    timeouts = lambda: server_log.read_bytes()[start:].count(b"due to lock timeout")
+    result = {}
+    conninfo = db.conninfo + " options='-c lock_timeout=100'"
+    thread = threading.Thread(target=lambda: result.update(
+        zip(("rc", "out", "err"), run_replay(db, [path], conninfo=conninfo))))
+    thread.start()
+    try:
+        # Held for several lock timeouts: ces2pg must retry, neither give up nor skip the change.
+        wait_until(lambda: timeouts() >= 3 or not thread.is_alive(), 60,
+                   message="three lock timeouts")
+        assert thread.is_alive(), result
+    finally:
+        blocker.rollback()
+        blocker.close()
+    thread.join(60)
+    assert result["rc"] == 0, result
+    assert "55P03" in result["err"] and "retrying" in result["err"], result["err"]
+    assert text_query(db, "SELECT v FROM dbo.locked") == [(2,)]
+
+
+def test_wrong_password(tmp_path, db):
+    secret = "s3cr3t-but-wrong"
+    db.query("CREATE ROLE ces2pg_pw LOGIN PASSWORD 'right'")
+    # The test server trusts every local login: require a password for this role only.
+    hba = db.server.pgdata / "pg_hba.conf"
+    original = hba.read_text()
+    hba.write_text("host all ces2pg_pw 127.0.0.1/32 scram-sha-256\n" + original)
+    db.query("SELECT pg_reload_conf()")
+    try:
+        conninfo = db.conninfo.replace("user=postgres", f"user=ces2pg_pw password={secret}")
+        path = tmp_path / "one.jsonl"
+        write_records(path, [ces_record("T", [("Id", "int")], "INS", {"Id": "1"}, pk=["Id"])])
+        rc, out, err = run_replay(db, [path], conninfo=conninfo, timeout=30)
+        assert rc == 1, err
+        assert "password authentication failed" in err
+        assert secret not in err + out
+    finally:
+        hba.write_text(original)
+        db.query("SELECT pg_reload_conf()")
+        db.query("DROP ROLE IF EXISTS ces2pg_pw")

@@ -1,0 +1,134 @@
+"""Event Hubs mode in the configuration: kafka.eventhubs_connection_string
+(or _file) sets SASL_SSL/PLAIN and the bootstrap servers, and the string is
+a secret that no message shows. (The real-broker tier, tests/realbroker,
+runs Event Hubs mode against Apache Kafka.)"""
+
+import time
+
+from conftest import EX_CONFIG, _cfg_str, make_config, run_ces2pg, write_config
+
+CONNINFO = "host=127.0.0.1 port=1 dbname=nowhere user=postgres"
+KEY = "c2VjcmV0LWtleS1vZi10aGUtdGVzdHM9PT09PT09PT0="
+CONN = ("Endpoint=sb://contoso-ces.servicebus.windows.net/;"
+        "SharedAccessKeyName=RootManageSharedAccessKey;SharedAccessKey=" + KEY)
+
+
+def check(tmp_path, kafka_extra, broker=None, **kw):
+    text = make_config(conninfo=kw.pop("conninfo", CONNINFO), broker=broker,
+                       kafka_extra=kafka_extra, **kw)
+    path = write_config(tmp_path, text, name="ces2pg.conf")
+    rc, out, err = run_ces2pg(["--check-config", "-c", path])
+    assert KEY not in out + err, "the connection string was shown"
+    return path, rc, out, err
+
+
+def test_brokers_derived_from_endpoint(tmp_path):
+    _, rc, out, err = check(tmp_path, [
+        f"eventhubs_connection_string = {_cfg_str(CONN)};"])
+    assert rc == 0, err
+    assert 'kafka.brokers = "contoso-ces.servicebus.windows.net:9093"' in out
+    assert "kafka.eventhubs_connection_string = (set)" in out, out
+
+
+def test_brokers_given_win(tmp_path):
+    _, rc, out, err = check(tmp_path, [
+        f"eventhubs_connection_string = {_cfg_str(CONN)};"],
+        broker="127.0.0.1:19093")
+    assert rc == 0, err
+    assert 'kafka.brokers = "127.0.0.1:19093"' in out, out
+
+
+def test_connection_string_file_is_trimmed(tmp_path):
+    secret = tmp_path / "eventhubs.secret"
+    secret.write_text(f"\n  {CONN}  \r\n")
+    _, rc, out, err = check(tmp_path, [
+        f"eventhubs_connection_string_file = {_cfg_str(secret)};"])
+    assert rc == 0, err
+    assert 'kafka.brokers = "contoso-ces.servicebus.windows.net:9093"' in out
+    assert "kafka.eventhubs_connection_string = (set)" in out, out
+    assert str(secret) in out, out
+
+
+def test_connection_string_file_missing(tmp_path):
+    missing = tmp_path / "nope.secret"
+    path, rc, _, err = check(tmp_path, [
+        f"eventhubs_connection_string_file = {_cfg_str(missing)};"])
+    assert rc == EX_CONFIG, err
+    assert "kafka.eventhubs_connection_string_file" in err, err
+    assert str(missing) in err and str(path) in err, err
+
+
+def test_connection_string_file_empty(tmp_path):
+    empty = tmp_path / "empty.secret"
+    empty.write_text(" \n")
+    _, rc, _, err = check(tmp_path, [
+        f"eventhubs_connection_string_file = {_cfg_str(empty)};"])
+    assert rc == EX_CONFIG, err
+    assert "empty" in err, err
+
+
+def test_both_sources_refused(tmp_path):
+    secret = tmp_path / "eventhubs.secret"
+    secret.write_text(CONN)
+    _, rc, _, err = check(tmp_path, [
+        f"eventhubs_connection_string = {_cfg_str(CONN)};",
+        f"eventhubs_connection_string_file = {_cfg_str(secret)};"])
+    assert rc == EX_CONFIG, err
+    assert "not both" in err, err
+
+
+def test_no_endpoint_refused_without_echo(tmp_path):
+    bad = "SharedAccessKeyName=x;SharedAccessKey=" + KEY
+    _, rc, _, err = check(tmp_path, [
+        f"eventhubs_connection_string = {_cfg_str(bad)};"])
+    assert rc == EX_CONFIG, err
+    assert "Endpoint=sb://" in err and "not shown" in err, err
+
+
+def test_brokers_required_without_connection_string(tmp_path):
+    path, rc, _, err = check(tmp_path, ["poll_ms = 100;"])  # no brokers
+    assert rc == EX_CONFIG, err
+    assert "kafka.brokers" in err and str(path) in err, err
+
+
+def test_sasl_password_property_conflicts(tmp_path):
+    _, rc, _, err = check(
+        tmp_path, [f"eventhubs_connection_string = {_cfg_str(CONN)};"],
+        properties=("sasl.password=" + KEY,))
+    assert rc == EX_CONFIG, err
+    assert "sasl.password" in err, err
+
+
+def test_recommended_settings_overridable(tmp_path):
+    _, rc, _, err = check(
+        tmp_path, [f"eventhubs_connection_string = {_cfg_str(CONN)};"],
+        properties=("session.timeout.ms=10000", "metadata.max.age.ms=60000"))
+    assert rc == 0, err
+
+
+def test_ssl_ca_file_must_be_readable(tmp_path):
+    missing = tmp_path / "ca.pem"
+    _, rc, _, err = check(tmp_path, [f"ssl_ca_file = {_cfg_str(missing)};"],
+                          broker="127.0.0.1:9093")
+    assert rc == EX_CONFIG, err
+    assert "kafka.ssl_ca_file" in err and str(missing) in err, err
+
+
+def test_unreachable_broker_is_retried(db, broker, ces2pg, tmp_path):
+    """A broker that does not answer is transient: ces2pg keeps trying
+    (and stops cleanly on SIGTERM), and logs no secret meanwhile."""
+    import socket
+
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    daemon = ces2pg(db, f"127.0.0.1:{port}", kafka_extra=[
+        f"eventhubs_connection_string = {_cfg_str(CONN)};"],
+        log_level="debug", properties=("debug=conf,security,broker",))
+    daemon.wait_log(r"kafka: .*Connection refused", timeout=30)
+    time.sleep(3)
+    daemon.check_alive()
+    assert daemon.terminate() == 0
+    log = daemon.log()
+    assert "sasl.password" in log, "librdkafka printed no configuration"
+    assert KEY not in log and "SharedAccessKey" not in log, log[-2000:]

@@ -1,0 +1,307 @@
+/*
+ * The JSON reader: the grammar of RFC 8259 exactly (what it accepts, what it rejects and why),
+ * string escapes and UTF-8, numbers, limits. Every text it accepts here, yajl accepts too, with the
+ * same values (the fuzz harness checks the same on random input).
+ */
+#include "test_util.h"
+
+#include <yajl/yajl_parse.h>
+
+#include "json.h"
+
+static const ces_json_limits_t limits = {.max_depth = 16, .max_container = 100};
+
+/* A flat rendering of a value: the same for our tree and for yajl's callbacks. */
+static void flatten(const ces_json_t *v, FILE *out) {
+    switch (v->type) {
+    case CES_JSON_NULL: fputs("null ", out); break;
+    case CES_JSON_BOOL: fputs(v->boolean ? "true " : "false ", out); break;
+    case CES_JSON_NUMBER: fprintf(out, "num(%s) ", v->text); break;
+    case CES_JSON_STRING:
+        fprintf(out, "str%zu(", v->text_len);
+        fwrite(v->text, 1, v->text_len, out);
+        fputs(") ", out);
+        break;
+    case CES_JSON_ARRAY:
+        fputs("[ ", out);
+        for (size_t i = 0; i < v->count; i++)
+            flatten(&v->items[i], out);
+        fputs("] ", out);
+        break;
+    case CES_JSON_OBJECT:
+        fputs("{ ", out);
+        for (size_t i = 0; i < v->count; i++) {
+            fprintf(out, "key%zu(", v->members[i].key_len);
+            fwrite(v->members[i].key, 1, v->members[i].key_len, out);
+            fputs(") ", out);
+            flatten(&v->members[i].value, out);
+        }
+        fputs("} ", out);
+        break;
+    }
+}
+
+static int y_null(void *c) { fputs("null ", c); return 1; }
+static int y_bool(void *c, int b) { fputs(b ? "true " : "false ", c); return 1; }
+static int y_num(void *c, const char *s, size_t l) { fprintf(c, "num(%.*s) ", (int)l, s); return 1; }
+static int y_str(void *c, const unsigned char *s, size_t l) {
+    fprintf(c, "str%zu(", l);
+    fwrite(s, 1, l, c);
+    fputs(") ", c);
+    return 1;
+}
+static int y_key(void *c, const unsigned char *s, size_t l) {
+    fprintf(c, "key%zu(", l);
+    fwrite(s, 1, l, c);
+    fputs(") ", c);
+    return 1;
+}
+static int y_sm(void *c) { fputs("{ ", c); return 1; }
+static int y_em(void *c) { fputs("} ", c); return 1; }
+static int y_sa(void *c) { fputs("[ ", c); return 1; }
+static int y_ea(void *c) { fputs("] ", c); return 1; }
+static const yajl_callbacks ycb = {y_null, y_bool, NULL, NULL, y_num, y_str,
+                                   y_sm,   y_key,  y_em, y_sa, y_ea};
+
+/* yajl's rendering of text, or NULL when yajl rejects it. */
+static char *yajl_flat(const char *text, size_t len) {
+    char *buf = NULL;
+    size_t n = 0;
+    FILE *out = open_memstream(&buf, &n);
+    yajl_handle h = yajl_alloc(&ycb, NULL, out);
+    yajl_status st = yajl_parse(h, (const unsigned char *)text, len);
+    if (st == yajl_status_ok)
+        st = yajl_complete_parse(h);
+    yajl_free(h);
+    fclose(out);
+    if (st != yajl_status_ok) {
+        free(buf);
+        return NULL;
+    }
+    return buf;
+}
+
+/* Parses text and returns its flat rendering (malloc'd), or NULL with the error in err. */
+static char *parse_flat(const char *text, size_t len, char *err, size_t err_size) {
+    ces_json_parser_t *p = ces_json_parser_new();
+    ces_arena_t *a = ces_arena_new();
+    char *copy = malloc(len ? len : 1); /* exact size: ASan sees any read past the end */
+    memcpy(copy, text, len);
+    const ces_json_t *v = ces_json_parse(p, a, copy, len, &limits, err, err_size);
+    char *buf = NULL;
+    if (v != NULL) {
+        size_t n = 0;
+        FILE *out = open_memstream(&buf, &n);
+        flatten(v, out);
+        fclose(out);
+    }
+    free(copy);
+    ces_arena_destroy(a);
+    ces_json_parser_destroy(p);
+    return buf;
+}
+
+static void accepts(const char *text, size_t len, const char *want) {
+    char err[256] = "";
+    char *got = parse_flat(text, len, err, sizeof(err));
+    if (got == NULL)
+        fail_msg("rejected %.*s: %s", (int)len, text, err);
+    if (strcmp(got, want) != 0)
+        fail_msg("%.*s: got '%s', want '%s'", (int)len, text, got, want);
+    char *y = yajl_flat(text, len);
+    if (y == NULL || strcmp(y, got) != 0)
+        fail_msg("%.*s: yajl says '%s', we say '%s'", (int)len, text, y ? y : "(rejected)", got);
+    free(y);
+    free(got);
+}
+
+static void rejects(const char *text, size_t len, const char *needle) {
+    char err[256] = "";
+    char *got = parse_flat(text, len, err, sizeof(err));
+    if (got != NULL)
+        fail_msg("accepted %.*s as %s", (int)len, text, got);
+    if (strstr(err, needle) == NULL)
+        fail_msg("%.*s: error '%s' does not mention '%s'", (int)len, text, err, needle);
+}
+
+#define ACCEPTS(text, want) accepts(text, sizeof(text) - 1, want)
+#define REJECTS(text, needle) rejects(text, sizeof(text) - 1, needle)
+
+static void grammar(void **state) {
+    (void)state;
+    ACCEPTS("{}", "{ } ");
+    ACCEPTS(" \t\r\n[ ] \n", "[ ] ");
+    ACCEPTS("{\"a\":1,\"b\":[true,false,null],\"c\":{\"d\":\"e\"}}",
+            "{ key1(a) num(1) key1(b) [ true false null ] key1(c) { key1(d) str1(e) } } ");
+    ACCEPTS("[0,-0,12,-3.25,1e5,1E+5,2.5e-3,-0.0e0]",
+            "[ num(0) num(-0) num(12) num(-3.25) num(1e5) num(1E+5) num(2.5e-3) num(-0.0e0) ] ");
+    ACCEPTS("\"top\"", "str3(top) ");
+    ACCEPTS("42", "num(42) ");
+    ACCEPTS("null", "null ");
+    ACCEPTS("{\"a\":1,\"a\":2}", "{ key1(a) num(1) key1(a) num(2) } "); /* decode.c rejects */
+
+    REJECTS("", "empty input");
+    REJECTS("   ", "empty input");
+    REJECTS("{", "premature end");
+    REJECTS("[1", "premature end");
+    REJECTS("{\"a\"}", "expected ':'");
+    REJECTS("{\"a\":}", "unexpected character");
+    REJECTS("{\"a\":1,}", "expected a string as object key");
+    REJECTS("[1,]", "unexpected character");
+    REJECTS("[,1]", "unexpected character");
+    REJECTS("{1:2}", "expected a string as object key");
+    REJECTS("[1 2]", "expected ',' or ']'");
+    REJECTS("{\"a\":1 \"b\":2}", "expected ',' or '}'");
+    REJECTS("[1}", "expected ',' or ']'");
+    REJECTS("{} {}", "trailing garbage");
+    REJECTS("[1] x", "trailing garbage");
+    REJECTS("01", "trailing garbage");
+    REJECTS("1.", "invalid number");
+    REJECTS(".5", "unexpected character");
+    REJECTS("1e", "invalid number");
+    REJECTS("1e+", "invalid number");
+    REJECTS("+1", "unexpected character");
+    REJECTS("--1", "invalid number");
+    REJECTS("-", "invalid number");
+    REJECTS("tru", "invalid literal");
+    REJECTS("nul", "invalid literal");
+    REJECTS("True", "unexpected character");
+    REJECTS("[1]\0", "trailing garbage");
+    REJECTS("\xef\xbb\xbf{}", "unexpected character"); /* no byte order mark */
+}
+
+static void strings(void **state) {
+    (void)state;
+    ACCEPTS("\"a\\\"b\\\\c\\/d\\be\\ff\\ng\\rh\\ti\"", "str17(a\"b\\c/d\be\ff\ng\rh\ti) ");
+    ACCEPTS("\"\\u00e9\\u20AC\\ud83d\\ude00\"", "str9(é€😀) ");
+    ACCEPTS("\"é€😀 Nikolić 東京\"", "str25(é€😀 Nikolić 東京) ");
+    accepts("\"a\\u0000b\"", 10, "str3(a\0b) "); /* NUL by escape: kept, with the length */
+    ACCEPTS("\"0123456789abcdef0123456789\\\"x\"", "str28(0123456789abcdef0123456789\"x) ");
+
+    REJECTS("\"abc", "unterminated string");
+    REJECTS("\"abc\\", "unterminated string");
+    REJECTS("\"abc\\\"", "unterminated string");
+    REJECTS("\"\\x\"", "invalid escape");
+    REJECTS("\"\\u12\"", "invalid \\u escape");
+    REJECTS("\"\\u12G4\"", "invalid \\u escape");
+    REJECTS("\"\\ud800\"", "unpaired UTF-16 surrogate");
+    REJECTS("\"\\udc00\"", "unpaired UTF-16 surrogate");
+    REJECTS("\"\\ud800\\u0041\"", "unpaired UTF-16 surrogate");
+    REJECTS("\"\\ud800x\"", "unpaired UTF-16 surrogate");
+    REJECTS("\"a\tb\"", "control character");
+    REJECTS("\"a\nb\"", "control character");
+    rejects("\"a\0b\"", 5, "control character");
+    REJECTS("\"\xff\"", "invalid UTF-8");
+    REJECTS("\"\xc0\xaf\"", "invalid UTF-8");           /* overlong '/' */
+    REJECTS("\"\xe0\x80\xaf\"", "invalid UTF-8");       /* overlong, three bytes */
+    REJECTS("\"\xed\xa0\x80\"", "invalid UTF-8");       /* surrogate */
+    REJECTS("\"\xf4\x90\x80\x80\"", "invalid UTF-8");   /* over U+10FFFF */
+    REJECTS("\"\xc3\"", "invalid UTF-8");               /* cut sequence */
+    REJECTS("\"\xe2\x82\"", "invalid UTF-8");
+    REJECTS("{\"\xff\":1}", "invalid UTF-8");           /* keys too */
+    /* Escapes and multi-byte characters at every position of the eight-byte words, in long
+     * strings (the word-at-a-time paths), compared with yajl. */
+    const char *pieces[] = {"\\\"", "\\u00e9", "\xc3\xa9", "\\\\", "\\ud83d\\ude00", "\xf0\x9f\x98\x80"};
+    for (size_t k = 0; k < sizeof(pieces) / sizeof(pieces[0]); k++) {
+        for (size_t pos = 0; pos < 20; pos++) {
+            char text[128];
+            size_t n = 0;
+            text[n++] = '"';
+            for (size_t i = 0; i < 40; i++) {
+                if (i == pos || i == pos + 9) {
+                    memcpy(text + n, pieces[k], strlen(pieces[k]));
+                    n += strlen(pieces[k]);
+                } else {
+                    text[n++] = (char)('a' + i % 26);
+                }
+            }
+            text[n++] = '"';
+            char err[256];
+            char *got = parse_flat(text, n, err, sizeof(err));
+            char *y = yajl_flat(text, n);
+            if (got == NULL || y == NULL || strcmp(got, y) != 0)
+                fail_msg("%.*s: we say '%s' (%s), yajl says '%s'", (int)n, text, got ? got : "-",
+                         err, y ? y : "-");
+            free(got);
+            free(y);
+        }
+    }
+    /* Long runs with a special byte at every position of the eight-byte words. */
+    for (size_t pos = 0; pos < 24; pos++) {
+        char text[64], want[96];
+        memset(text, 'x', sizeof(text));
+        text[0] = '"';
+        text[1 + pos] = '\t'; /* control character */
+        text[40] = '"';
+        rejects(text, 41, "control character");
+        text[1 + pos] = '"'; /* the end */
+        snprintf(want, sizeof(want), "str%zu(%.*s) ", pos, (int)pos, text + 1);
+        char err[256];
+        char *got = parse_flat(text, 2 + pos, err, sizeof(err));
+        assert_non_null(got);
+        assert_string_equal(got, want);
+        free(got);
+    }
+}
+
+static void bounds(void **state) {
+    (void)state;
+    char deep[64];
+    memset(deep, '[', 16);
+    memset(deep + 16, ']', 16);
+    accepts(deep, 32, "[ [ [ [ [ [ [ [ [ [ [ [ [ [ [ [ ] ] ] ] ] ] ] ] ] ] ] ] ] ] ] ] ");
+    memset(deep, '[', 17);
+    memset(deep + 17, ']', 17);
+    rejects(deep, 34, "nested too deeply");
+
+    char many[1024] = "[";
+    for (int i = 0; i < 101; i++)
+        strcat(many, i ? ",1" : "1");
+    strcat(many, "]");
+    rejects(many, strlen(many), "too many members");
+
+    char num[128];
+    memset(num, '9', 100);
+    num[100] = '\0';
+    char err[256];
+    char *got = parse_flat(num, 100, err, sizeof(err));
+    assert_non_null(got);
+    free(got);
+    memset(num, '9', 101);
+    rejects(num, 101, "longer than 100");
+}
+
+/* Text already known to be valid UTF-8 is not checked again, and parses the same. */
+static void trusted_utf8(void **state) {
+    (void)state;
+    ces_json_limits_t trusted = limits;
+    trusted.valid_utf8 = true;
+    const char text[] = "{\"k\xc3\xa9\":\"\xf0\x9f\x98\x80 a\\\"b \xe6\x9d\xb1\"}";
+    ces_json_parser_t *p = ces_json_parser_new();
+    ces_arena_t *a = ces_arena_new();
+    char err[256];
+    const ces_json_t *v = ces_json_parse(p, a, text, sizeof(text) - 1, &trusted, err, sizeof(err));
+    assert_non_null(v);
+    assert_int_equal(v->count, 1);
+    assert_string_equal(v->members[0].key, "k\xc3\xa9");
+    assert_string_equal(v->members[0].value.text, "\xf0\x9f\x98\x80 a\"b \xe6\x9d\xb1");
+    ces_arena_destroy(a);
+    ces_json_parser_destroy(p);
+}
+
+static void utf8_validator(void **state) {
+    (void)state;
+    assert_true(ces_utf8_valid("", 0));
+    assert_true(ces_utf8_valid("plain ascii text, long enough", 29));
+    assert_true(ces_utf8_valid("\xf4\x8f\xbf\xbf", 4)); /* U+10FFFF */
+    assert_false(ces_utf8_valid("abcdefgh\x80", 9));
+    assert_false(ces_utf8_valid("\xf8\x88\x80\x80\x80", 5));
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(grammar),   cmocka_unit_test(strings),        cmocka_unit_test(bounds),
+        cmocka_unit_test(trusted_utf8), cmocka_unit_test(utf8_validator),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,143 @@
+/* The transaction orderer: grouping by commit LSN, sequence order, duplicates, held offsets. */
+#include "test_util.h"
+
+#include "order.h"
+
+static int released;
+static void release(void *owner) {
+    (void)owner;
+    released++;
+}
+
+static ces_item_t item(uint32_t vlf, uint64_t low, uint64_t seq, int32_t partition,
+                       int64_t offset) {
+    ces_item_t it = {0};
+    it.kind = CES_ITEM_EVENT;
+    it.source.topic = "ces";
+    it.source.partition = partition;
+    it.source.offset = offset;
+    it.event.position.commit_lsn.high = vlf;
+    it.event.position.commit_lsn.low = low;
+    it.event.position.sequence = seq;
+    it.arena = ces_arena_new();
+    it.owner = &released;
+    return it;
+}
+
+static void groups_and_orders(void **state) {
+    (void)state;
+    ces_order_t *o = ces_order_new(16);
+    ces_batch_t batch = {0};
+    released = 0;
+    /* Two transactions interleaved across partitions, out of order. */
+    ces_item_t a2 = item(1, 100, 2, 1, 10), b1 = item(1, 200, 1, 0, 5), a1 = item(1, 100, 1, 0, 4),
+               b2 = item(1, 200, 2, 1, 11), c1 = item(0, 900, 1, 2, 1);
+    assert_int_equal(ces_order_add(o, &a2, release), CES_ORDER_HELD);
+    assert_int_equal(ces_order_add(o, &b1, release), CES_ORDER_HELD);
+    assert_int_equal(ces_order_add(o, &a1, release), CES_ORDER_HELD);
+    assert_int_equal(ces_order_add(o, &b2, release), CES_ORDER_HELD);
+    assert_int_equal(ces_order_add(o, &c1, release), CES_ORDER_HELD); /* older VLF: first */
+    assert_int_equal(ces_order_pending_transactions(o), 3);
+    assert_int_equal(ces_order_pending_events(o), 5);
+
+    int64_t off;
+    assert_true(ces_order_min_offset(o, "ces", 1, &off));
+    assert_int_equal(off, 10);
+    assert_true(ces_order_min_offset(o, "ces", 0, &off));
+    assert_int_equal(off, 4);
+    assert_false(ces_order_min_offset(o, "ces", 3, &off));
+    assert_false(ces_order_min_offset(o, "other", 0, &off));
+
+    ces_lsn_t lsn;
+    size_t n;
+    assert_true(ces_order_oldest(o, &lsn, &n));
+    assert_int_equal(lsn.high, 0);
+    assert_int_equal(n, 1);
+    assert_int_equal(ces_order_pop_oldest(o, &batch, release), 1);
+    assert_true(ces_order_oldest(o, &lsn, &n));
+    assert_true(lsn.high == 1 && lsn.low == 100 && n == 2);
+    assert_int_equal(ces_order_pop_oldest(o, &batch, release), 2);
+    assert_int_equal(batch.count, 3);
+    /* Sequence order inside the transaction, whatever the arrival order. */
+    assert_int_equal(batch.items[1].event.position.sequence, 1);
+    assert_int_equal(batch.items[2].event.position.sequence, 2);
+    assert_int_equal(batch.items[1].source.offset, 4);
+    assert_true(ces_order_min_offset(o, "ces", 0, &off));
+    assert_int_equal(off, 5);
+    assert_int_equal(ces_order_pending_events(o), 2);
+    ces_batch_clear(&batch, release);
+    ces_batch_free(&batch);
+    ces_order_destroy(o, release);
+    assert_int_equal(released, 5);
+}
+
+static void duplicates_held_and_committed(void **state) {
+    (void)state;
+    ces_order_t *o = ces_order_new(4);
+    ces_batch_t batch = {0};
+    released = 0;
+    ces_item_t x = item(2, 1, 1, 0, 1), dup = item(2, 1, 1, 3, 7);
+    assert_int_equal(ces_order_add(o, &x, release), CES_ORDER_HELD);
+    assert_int_equal(ces_order_add(o, &dup, release), CES_ORDER_DUPLICATE);
+    assert_int_equal(released, 1);
+    assert_int_equal(ces_order_pop_oldest(o, &batch, release), 1);
+    /* Not committed yet: a resend now is not known as applied. */
+    ces_order_committed(o, &batch);
+    ces_batch_clear(&batch, release);
+    ces_item_t late = item(2, 1, 1, 1, 9);
+    assert_int_equal(ces_order_add(o, &late, release), CES_ORDER_DUPLICATE);
+    assert_int_equal(ces_order_duplicates(o), 2);
+    /* The window forgets the oldest positions: four more commits push (2,1,1) out. */
+    for (uint64_t s = 10; s < 14; s++) {
+        ces_item_t it = item(3, s, 1, 0, (int64_t)s);
+        assert_int_equal(ces_order_add(o, &it, release), CES_ORDER_HELD);
+        assert_int_equal(ces_order_pop_oldest(o, &batch, release), 1);
+        ces_order_committed(o, &batch);
+        ces_batch_clear(&batch, release);
+    }
+    ces_item_t again = item(2, 1, 1, 1, 20);
+    assert_int_equal(ces_order_add(o, &again, release), CES_ORDER_HELD);
+    /* ... while the recent ones are still known, also at pop time. */
+    ces_item_t recent = item(3, 13, 1, 2, 21);
+    assert_int_equal(ces_order_add(o, &recent, release), CES_ORDER_DUPLICATE);
+    ces_order_clear(o, release);
+    assert_int_equal(ces_order_pending_events(o), 0);
+    ces_batch_free(&batch);
+    ces_order_destroy(o, release);
+}
+
+static void dedup_window_survives_churn(void **state) {
+    (void)state;
+    /* Many inserts and evictions: every position in the window stays findable. */
+    ces_order_t *o = ces_order_new(1000);
+    ces_batch_t batch = {0};
+    released = 0;
+    for (uint64_t s = 1; s <= 20000; s++) {
+        ces_item_t it = item(1, s / 7, s, 0, (int64_t)s);
+        ces_order_add(o, &it, release);
+        if (s % 50 == 0) {
+            while (ces_order_pop_oldest(o, &batch, release) > 0)
+                ;
+            ces_order_committed(o, &batch);
+            ces_batch_clear(&batch, release);
+        }
+    }
+    for (uint64_t s = 20000 - 999; s <= 20000; s++) {
+        ces_item_t it = item(1, s / 7, s, 0, 0);
+        if (ces_order_add(o, &it, release) != CES_ORDER_DUPLICATE)
+            fail_msg("position %llu of the window was forgotten", (unsigned long long)s);
+    }
+    ces_item_t old = item(1, 100 / 7, 100, 0, 0);
+    assert_int_equal(ces_order_add(o, &old, release), CES_ORDER_HELD);
+    ces_batch_free(&batch);
+    ces_order_destroy(o, release);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(groups_and_orders),
+        cmocka_unit_test(duplicates_held_and_committed),
+        cmocka_unit_test(dedup_window_survives_churn),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,173 @@
+/*
+ * The release rules of transaction mode, without PostgreSQL: what the next batch would hold after
+ * adversarial arrival sequences (interleaved transactions across partitions, a lagging partition, a
+ * quiet one, duplicates, an event group that never completes).
+ */
+#include "test_util.h"
+
+#include "pipeline.h"
+
+#define WINDOW 200
+
+static ces_decoder_t *decoder;
+
+static int setup(void **state) {
+    (void)state;
+    ces_decode_limits_t limits;
+    ces_decode_limits_default(&limits);
+    decoder = ces_decoder_new(&limits);
+    return decoder ? 0 : -1;
+}
+
+static int teardown(void **state) {
+    (void)state;
+    ces_decoder_destroy(decoder);
+    return 0;
+}
+
+static ces_pipeline_t *new_pipeline(void) {
+    ces_pipeline_options_t o = {
+        .batch_max_events = 1000,
+        .batch_max_ms = 100,
+        .store_offsets = true,
+        .reasm = {1 << 20, 100, 5000},
+        .ordering = CES_ORDER_BY_TRANSACTION,
+        .reorder_window_ms = WINDOW,
+        .dedup_window = 100,
+        .max_pending_events = 0,
+    };
+    ces_pipeline_t *p = ces_pipeline_new(&o, decoder, NULL);
+    assert_non_null(p);
+    int32_t parts[2] = {0, 1};
+    int64_t offsets[2];
+    assert_int_equal(ces_pipeline_on_assigned(p, "ces", parts, 2, offsets), 0);
+    return p;
+}
+
+/* Feeds one INS of table T, key key, at commit LSN 1:block:1 with sequence seq. */
+static void feed(ces_pipeline_t *p, int32_t partition, int64_t offset, unsigned block,
+                 unsigned seq, int key, int64_t now) {
+    char data[512], rec[2048];
+    snprintf(data, sizeof(data),
+             "{\\\"eventsource\\\":{\\\"db\\\":\\\"d\\\",\\\"schema\\\":\\\"s\\\",\\\"tbl\\\":"
+             "\\\"T\\\",\\\"cols\\\":[{\\\"name\\\":\\\"k\\\",\\\"type\\\":\\\"int\\\","
+             "\\\"index\\\":0}],\\\"pkkey\\\":[{\\\"columnname\\\":\\\"k\\\",\\\"value\\\":"
+             "\\\"%d\\\"}],\\\"transaction\\\":{\\\"commitlsn\\\":\\\"00000001:%08X:0001\\\","
+             "\\\"sequencenumber\\\":%u}},\\\"eventrow\\\":{\\\"old\\\":\\\"{}\\\","
+             "\\\"current\\\":\\\"{\\\\\\\"k\\\\\\\":\\\\\\\"%d\\\\\\\"}\\\"}}",
+             key, block, seq, key);
+    snprintf(rec, sizeof(rec),
+             "{\"specversion\":\"1.0\",\"type\":\"com.microsoft.SQL.CES.DML.V1\",\"id\":\"i\","
+             "\"logicalid\":\"u:00000001%08X0001:%020u\",\"operation\":\"INS\","
+             "\"segmentindex\":1,\"finalsegment\":true,\"data\":\"%s\"}",
+             block, seq, data);
+    ces_record_t r = {.topic = "ces", .partition = partition, .offset = offset, .value = rec,
+                      .len = strlen(rec)};
+    char err[256];
+    assert_int_equal(ces_pipeline_add(p, &r, now, err, sizeof(err)), CES_PIPELINE_OK);
+}
+
+static void tick(ces_pipeline_t *p, int64_t now) {
+    char err[256];
+    assert_int_equal(ces_pipeline_tick(p, now, err, sizeof(err)), CES_PIPELINE_OK);
+}
+
+static unsigned seq_at(ces_pipeline_t *p, size_t i) {
+    return (unsigned)ces_pipeline_batch_item(p, i)->event.position.sequence;
+}
+
+static void interleaved_across_partitions(void **state) {
+    (void)state;
+    ces_pipeline_t *p = new_pipeline();
+    /* T1 (block 10) spans both partitions; T2 (block 20) only partition 0. */
+    feed(p, 0, 0, 10, 1, 1, 0);
+    feed(p, 0, 1, 20, 1, 2, 0);
+    tick(p, 0);
+    assert_int_equal(ces_pipeline_batch_events(p), 0); /* partition 1 said nothing yet */
+    feed(p, 1, 0, 10, 2, 3, 1);
+    tick(p, 1);
+    assert_int_equal(ces_pipeline_batch_events(p), 0); /* partition 1 may have more of T1 */
+    ces_pipeline_partition_eof(p, "ces", 1, 1);
+    tick(p, 1 + WINDOW - 1);
+    assert_int_equal(ces_pipeline_batch_events(p), 0); /* caught up, but not quiet long enough */
+    tick(p, 1 + WINDOW);
+    assert_int_equal(ces_pipeline_batch_events(p), 2); /* T1 whole, in sequence order */
+    assert_int_equal(seq_at(p, 0), 1);
+    assert_int_equal(seq_at(p, 1), 2);
+    /* T2: partition 0 has not passed it and is not caught up. */
+    tick(p, 10000);
+    assert_int_equal(ces_pipeline_batch_events(p), 2);
+    feed(p, 0, 2, 30, 1, 4, 10000);
+    tick(p, 10000);
+    assert_int_equal(ces_pipeline_batch_events(p), 3); /* partition 0 passed T2 */
+    ces_pipeline_destroy(p);
+}
+
+static void lagging_partition_holds_everything(void **state) {
+    (void)state;
+    ces_pipeline_t *p = new_pipeline();
+    feed(p, 0, 0, 10, 1, 1, 0);
+    feed(p, 0, 1, 11, 1, 2, 0);
+    ces_pipeline_partition_eof(p, "ces", 0, 2);
+    /* Partition 1 delivered an older commit and is still reading (no EOF): it may still deliver
+     * more of 5, or events of 10 or 11, however long it takes. */
+    feed(p, 1, 0, 5, 1, 3, 0);
+    tick(p, 100000);
+    assert_int_equal(ces_pipeline_batch_events(p), 0);
+    feed(p, 1, 1, 10, 2, 4, 100000);
+    feed(p, 1, 2, 12, 1, 5, 100000);
+    tick(p, 100000);
+    /* T5, T10 (2 events, one from each partition) and T11 (partition 0 is quiet) are complete
+     * now; T12 is not. */
+    assert_int_equal(ces_pipeline_batch_events(p), 4);
+    assert_int_equal(seq_at(p, 1), 1);
+    assert_int_equal(seq_at(p, 2), 2);
+    ces_pipeline_destroy(p);
+}
+
+static void duplicates_and_quiet_partition(void **state) {
+    (void)state;
+    ces_pipeline_t *p = new_pipeline();
+    feed(p, 0, 0, 10, 1, 1, 0);
+    feed(p, 1, 0, 10, 1, 1, 0); /* the same event resent through another partition */
+    ces_pipeline_partition_eof(p, "ces", 0, 0);
+    ces_pipeline_partition_eof(p, "ces", 1, 0);
+    tick(p, WINDOW);
+    assert_int_equal(ces_pipeline_batch_events(p), 1);
+    ces_pipeline_stats_t st;
+    ces_pipeline_get_stats(p, &st);
+    assert_int_equal(st.duplicates, 1);
+    ces_pipeline_destroy(p);
+}
+
+static void group_that_never_completes(void **state) {
+    (void)state;
+    ces_pipeline_t *p = new_pipeline();
+    const char *seg = "{\"specversion\":\"1.0\",\"type\":\"com.microsoft.SQL.CES.DML.V1\","
+                      "\"id\":\"i\",\"logicalid\":\"u:0000000100000001000A:00000000000000000001\","
+                      "\"operation\":\"INS\",\"segmentindex\":0,\"finalsegment\":false,"
+                      "\"data\":\"{\\\"eventsource\\\"\"}";
+    ces_record_t r = {.topic = "ces", .partition = 1, .offset = 7, .value = seg,
+                      .len = strlen(seg)};
+    char err[256];
+    assert_int_equal(ces_pipeline_add(p, &r, 0, err, sizeof(err)), CES_PIPELINE_OK);
+    tick(p, 4999);
+    assert_int_equal(ces_pipeline_batch_events(p), 0);
+    tick(p, 5000); /* reassembly timeout: a dead letter, nothing blocks */
+    assert_int_equal(ces_pipeline_batch_events(p), 1);
+    const ces_item_t *item = ces_pipeline_batch_item(p, 0);
+    assert_int_equal(item->kind, CES_ITEM_DEAD_LETTER);
+    assert_int_equal(item->source.offset, 7);
+    assert_non_null(strstr(item->reason, "incomplete"));
+    ces_pipeline_destroy(p);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(interleaved_across_partitions),
+        cmocka_unit_test(lagging_partition_holds_everything),
+        cmocka_unit_test(duplicates_and_quiet_partition),
+        cmocka_unit_test(group_that_never_completes),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
