@@ -327,3 +327,21 @@ def test_wrong_password(tmp_path, db):
         hba.write_text(original)
         db.query("SELECT pg_reload_conf()")
         db.query("DROP ROLE IF EXISTS ces2pg_pw")
+
+
+def test_metadata_schema_and_no_auto_create(tmp_path, db):
+    cols = [("Id", "int")]
+    db.query("CREATE SCHEMA dbo")
+    db.query("CREATE TABLE dbo.existing (id integer PRIMARY KEY, note text)")
+    records = [ces_record("Existing", cols, "INS", {"Id": "1"}, pk=["Id"]),
+               ces_record("Missing", cols, "INS", {"Id": "1"}, pk=["Id"])]
+    (total, applied, dead), _, err = replay_records(
+        db, tmp_path, records,
+        extra_config='schema = { metadata_schema = "ces_meta"; auto_create = false; };')
+    assert (total, applied, dead) == (2, 1, 1), err
+    assert not db.table_exists("dbo.missing") and not db.table_exists("ces2pg.dead_letters")
+    assert db.scalar("SELECT reason FROM ces_meta.dead_letters") == (
+        "target table does not exist and schema.auto_create is off")
+    # Columns ces2pg does not know are left alone; the version column was added (adoption).
+    assert text_query(db, "SELECT id, note, _ces_lsn IS NOT NULL FROM dbo.existing") == [
+        (1, None, True)]

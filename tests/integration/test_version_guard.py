@@ -51,6 +51,27 @@ def disorder(records, how, seed=7):
     raise ValueError(how)
 
 
+def test_resend_mode_in_replay(tmp_path, db):
+    """ces-gen --resend: duplicates at once, old events resent long after newer ones, older inserts
+    of keys deleted since."""
+    expect = generate(tmp_path, seed=30, events=4000, extra_args=GEN_ARGS + ["--resend", "0.05"])
+    rc, out, err = run_replay(db, [expect["_out"]])
+    assert rc == 0, err
+    total, applied, dead = parse_replay_summary(out)
+    assert (total, dead) == (expect["records"], 0)
+    assert total > expect["events"], "the stream must carry resent records"
+    assert_tables_match(db, expect)
+
+
+def test_resend_mode_needs_the_guard(tmp_path, db):
+    expect = generate(tmp_path, seed=30, events=4000, extra_args=GEN_ARGS + ["--resend", "0.05"])
+    rc, out, err = run_replay(db, [expect["_out"]],
+                              apply_extra=["lsn_guard = false;", "dedup_window = 0;"])
+    assert rc == 0, err
+    with pytest.raises(AssertionError):
+        assert_tables_match(db, expect)
+
+
 @pytest.mark.parametrize("how", ["reversed", "shuffled", "resent"])
 def test_any_order_converges_in_replay(tmp_path, db, how):
     expect = generate(tmp_path, seed=31, events=4000, extra_args=GEN_ARGS)
@@ -80,7 +101,7 @@ def test_without_guard_order_matters(tmp_path, db):
 
 def test_resent_stream_through_the_broker(tmp_path, db, broker, ces2pg):
     b = broker(partitions=3)
-    expect = generate(tmp_path, seed=32, events=3000, extra_args=GEN_ARGS)
+    expect = generate(tmp_path, seed=32, events=3000, extra_args=GEN_ARGS + ["--resend", "0.05"])
     records = disorder(read_records(expect["_out"]), "resent")
     rng = random.Random(3)
     parts = [rng.randrange(3) for _ in records]  # no order at all, like partition scheme None
