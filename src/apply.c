@@ -22,6 +22,22 @@ typedef struct {
     bool prepared; /* sent to the current connection (reset when its Parse fails) */
 } stmt_t;
 
+/* A column of a target table, as the catalog describes it. */
+typedef struct {
+    char *name;   /* PostgreSQL name */
+    char *type;   /* format_type() with the modifier, e.g. character varying(50) */
+    char *cast;   /* the type without modifier, schema-qualified: what a parameter is cast to */
+    char *quoted; /* name quoted for SQL */
+    ces_conv_t conv;
+} column_t;
+
+static void column_free(column_t *c) {
+    free(c->name);
+    free(c->type);
+    free(c->cast);
+    free(c->quoted);
+}
+
 typedef struct {
     unsigned id;
     char *qualified; /* quoted "schema"."table" */
@@ -29,11 +45,7 @@ typedef struct {
     char *pg_table;
     size_t ncols;
     size_t capacity;
-    char **col_names; /* PostgreSQL names, in attnum order */
-    char **col_types; /* format_type() with the modifier, e.g. character varying(50) */
-    char **col_casts; /* the type without modifier, schema-qualified: what a parameter is cast to */
-    ces_conv_t *conv;
-    char **col_quoted;
+    column_t *cols; /* in attnum order */
     ces_map_t *by_source; /* source column name -> index + 1 */
     size_t npk;
     size_t *pk; /* column indices of the primary key, in key order */
@@ -242,17 +254,9 @@ static void table_free(void *value, void *arg) {
     table_t *t = value;
     if (t == NULL)
         return;
-    for (size_t i = 0; i < t->ncols; i++) {
-        free(t->col_names[i]);
-        free(t->col_types[i]);
-        free(t->col_casts[i]);
-        free(t->col_quoted[i]);
-    }
-    free(t->col_names);
-    free(t->col_types);
-    free(t->col_casts);
-    free(t->col_quoted);
-    free(t->conv);
+    for (size_t i = 0; i < t->ncols; i++)
+        column_free(&t->cols[i]);
+    free(t->cols);
     free(t->pk);
     ces_map_destroy(t->by_source);
     ces_map_destroy(t->type_checks);
@@ -603,43 +607,24 @@ static int table_add_column(table_t *t, const char *name, const char *type, cons
                             PGconn *conn) {
     if (t->ncols == t->capacity) {
         size_t cap = t->capacity ? t->capacity * 2 : 16;
-        char **names = realloc(t->col_names, cap * sizeof(char *));
-        if (names == NULL)
+        column_t *cols = realloc(t->cols, cap * sizeof(*cols));
+        if (cols == NULL)
             return -1;
-        t->col_names = names;
-        char **types = realloc(t->col_types, cap * sizeof(char *));
-        if (types == NULL)
-            return -1;
-        t->col_types = types;
-        char **casts = realloc(t->col_casts, cap * sizeof(char *));
-        if (casts == NULL)
-            return -1;
-        t->col_casts = casts;
-        char **quoted = realloc(t->col_quoted, cap * sizeof(char *));
-        if (quoted == NULL)
-            return -1;
-        t->col_quoted = quoted;
-        ces_conv_t *conv = realloc(t->conv, cap * sizeof(ces_conv_t));
-        if (conv == NULL)
-            return -1;
-        t->conv = conv;
+        t->cols = cols;
         t->capacity = cap;
     }
-    size_t i = t->ncols;
-    t->col_names[i] = strdup(name);
-    t->col_types[i] = strdup(type);
-    t->col_casts[i] = strdup(cast);
-    t->col_quoted[i] = quote_ident(conn, name);
-    t->conv[i] = ces_types_conversion(type);
-    t->ncols++;
-    if (!t->col_names[i] || !t->col_types[i] || !t->col_casts[i] || !t->col_quoted[i])
-        return -1;
-    return 0;
+    column_t *c = &t->cols[t->ncols++];
+    c->name = strdup(name);
+    c->type = strdup(type);
+    c->cast = strdup(cast);
+    c->quoted = quote_ident(conn, name);
+    c->conv = ces_types_conversion(type);
+    return c->name && c->type && c->cast && c->quoted ? 0 : -1;
 }
 
 static long table_column_index(const table_t *t, const char *pg_name) {
     for (size_t i = 0; i < t->ncols; i++) {
-        if (strcmp(t->col_names[i], pg_name) == 0)
+        if (strcmp(t->cols[i].name, pg_name) == 0)
             return (long)i;
     }
     return -1;
@@ -668,12 +653,8 @@ static int table_load(ces_apply_t *a, table_t *t, attempt_error_t *e) {
         PQclear(r);
         return -1;
     }
-    for (size_t i = 0; i < t->ncols; i++) {
-        free(t->col_names[i]);
-        free(t->col_types[i]);
-        free(t->col_casts[i]);
-        free(t->col_quoted[i]);
-    }
+    for (size_t i = 0; i < t->ncols; i++)
+        column_free(&t->cols[i]);
     t->ncols = 0;
     t->npk = 0;
     t->version_col = -1;
@@ -931,13 +912,13 @@ static bool type_conflict(table_t *t, const ces_event_t *ev, const char **reject
             long col = resolve_column(t, c->name);
             char mapped[64];
             ces_types_map(c->type, mapped, sizeof(mapped));
-            const char *cast = col >= 0 ? t->col_casts[col] : "";
+            const char *cast = col >= 0 ? t->cols[col].cast : "";
             const char *typname = strrchr(cast, '.') ? strrchr(cast, '.') + 1 : cast;
             verdict = col < 0 || ces_types_compatible(typname, mapped) ? 1 : 2;
             if (verdict == 2)
                 ces_log_warning("table %s: type conflict: column %s is %s in PostgreSQL, but the "
                                 "source now sends %s; its events go to the dead-letter table",
-                                t->qualified, t->col_names[col], t->col_types[col], c->type);
+                                t->qualified, t->cols[col].name, t->cols[col].type, c->type);
             if (ces_map_put(t->type_checks, key, (size_t)klen, (void *)verdict) != 0)
                 return false; /* out of memory: check again next time */
         }
@@ -1282,7 +1263,7 @@ static void add_key_array(sb_t *sql, const table_t *t, const size_t *params) {
     sb_add(sql, "ARRAY[");
     for (size_t k = 0; k < t->npk; k++) {
         sb_addf(sql, "%s$%zu::", k ? ", " : "", params[k]);
-        sb_add(sql, t->col_types[t->pk[k]]);
+        sb_add(sql, t->cols[t->pk[k]].type);
         sb_add(sql, "::text");
     }
     sb_add(sql, "]");
@@ -1303,7 +1284,7 @@ static void build_upsert(sb_t *sql, const ces_apply_t *a, const table_t *t, cons
     sb_add(sql, " AS t (");
     for (size_t i = 0; i < n; i++) {
         sb_add(sql, i ? ", " : "");
-        sb_add(sql, t->col_quoted[cols[i]]);
+        sb_add(sql, t->cols[cols[i]].quoted);
         for (size_t k = 0; k < t->npk; k++) {
             if ((size_t)cols[i] == t->pk[k])
                 key_params[k] = i + 1;
@@ -1317,7 +1298,7 @@ static void build_upsert(sb_t *sql, const ces_apply_t *a, const table_t *t, cons
         sb_add(sql, ") SELECT ");
         for (size_t i = 0; i < n; i++) {
             sb_addf(sql, "%s$%zu::", i ? ", " : "", i + 1);
-            sb_add(sql, t->col_casts[cols[i]]);
+            sb_add(sql, t->cols[cols[i]].cast);
         }
         sb_addf(sql, ", $%zu::numeric WHERE NOT EXISTS (SELECT 1 FROM ", version_param);
         sb_add(sql, a->tombstones);
@@ -1333,7 +1314,7 @@ static void build_upsert(sb_t *sql, const ces_apply_t *a, const table_t *t, cons
     sb_add(sql, " ON CONFLICT (");
     for (size_t k = 0; k < t->npk; k++) {
         sb_add(sql, k ? ", " : "");
-        sb_add(sql, t->col_quoted[t->pk[k]]);
+        sb_add(sql, t->cols[t->pk[k]].quoted);
     }
     sb_add(sql, ") DO ");
     size_t updates = 0;
@@ -1344,9 +1325,9 @@ static void build_upsert(sb_t *sql, const ces_apply_t *a, const table_t *t, cons
         if (is_pk)
             continue;
         sb_add(sql, updates++ ? ", " : "UPDATE SET ");
-        sb_add(sql, t->col_quoted[cols[i]]);
+        sb_add(sql, t->cols[cols[i]].quoted);
         sb_add(sql, " = EXCLUDED.");
-        sb_add(sql, t->col_quoted[cols[i]]);
+        sb_add(sql, t->cols[cols[i]].quoted);
     }
     if (guard) {
         sb_add(sql, updates++ ? ", " : "UPDATE SET ");
@@ -1380,9 +1361,9 @@ static void build_delete(sb_t *sql, const ces_apply_t *a, const table_t *t, cons
         key_params[k] = k + 1;
         sb_add(sql, k ? " AND " : "");
         sb_add(sql, "t.");
-        sb_add(sql, t->col_quoted[t->pk[k]]);
+        sb_add(sql, t->cols[t->pk[k]].quoted);
         sb_addf(sql, " = $%zu::", k + 1);
-        sb_add(sql, t->col_casts[t->pk[k]]);
+        sb_add(sql, t->cols[t->pk[k]].cast);
     }
     if (!guard)
         return;
@@ -1417,7 +1398,7 @@ static int param_value(sender_t *s, ces_item_t *item, const table_t *t, long col
         return 0;
     }
     size_t len;
-    const char *v = ces_types_convert(t->conv[col], f->value, f->value_len, item->arena, &len);
+    const char *v = ces_types_convert(t->cols[col].conv, f->value, f->value_len, item->arena, &len);
     if (v == NULL) {
         set_error(s->e, ERR_FATAL, -1, NULL, "out of memory");
         return -1;

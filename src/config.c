@@ -20,61 +20,70 @@ typedef struct {
     bool required_for_daemon;
     bool required_for_replay;
     int64_t min, max; /* KEY_INT bounds */
+    bool reloadable;  /* SIGHUP may change it (RELOAD); others need a restart (RESTART) */
 } key_t_;
+
+#define RELOAD true
+#define RESTART false
 
 #define F(field) offsetof(ces_config_t, field)
 
 /* The single table of configuration keys (documented one by one in conf/ces2pg.conf). */
 static const key_t_ keys[] = {
     /* Required for the daemon unless an Event Hubs connection string is given (see load). */
-    {"kafka.brokers", KEY_STRING, F(kafka_brokers), NULL, true, false, 0, 0},
-    {"kafka.topics", KEY_STRING_LIST, F(kafka_topics), NULL, true, false, 0, 0},
-    {"kafka.group_id", KEY_STRING, F(kafka_group_id), "ces2pg", false, false, 0, 0},
-    {"kafka.properties", KEY_STRING_LIST, F(kafka_properties), NULL, false, false, 0, 0},
-    {"kafka.poll_ms", KEY_INT, F(kafka_poll_ms), "100", false, false, 1, 10000},
-    {"kafka.format", KEY_STRING, F(kafka_format), "auto", false, false, 0, 0},
+    {"kafka.brokers", KEY_STRING, F(kafka_brokers), NULL, true, false, 0, 0, RESTART},
+    {"kafka.topics", KEY_STRING_LIST, F(kafka_topics), NULL, true, false, 0, 0, RESTART},
+    {"kafka.group_id", KEY_STRING, F(kafka_group_id), "ces2pg", false, false, 0, 0, RESTART},
+    {"kafka.properties", KEY_STRING_LIST, F(kafka_properties), NULL, false, false, 0, 0, RESTART},
+    {"kafka.poll_ms", KEY_INT, F(kafka_poll_ms), "100", false, false, 1, 10000, RESTART},
+    {"kafka.format", KEY_STRING, F(kafka_format), "auto", false, false, 0, 0, RESTART},
     {"kafka.eventhubs_connection_string", KEY_STRING, F(kafka_eventhubs_connection_string), NULL,
-     false, false, 0, 0},
+     false, false, 0, 0, RESTART},
     {"kafka.eventhubs_connection_string_file", KEY_STRING,
-     F(kafka_eventhubs_connection_string_file), NULL, false, false, 0, 0},
-    {"kafka.ssl_ca_file", KEY_STRING, F(kafka_ssl_ca_file), NULL, false, false, 0, 0},
-    {"postgres.conninfo", KEY_STRING, F(pg_conninfo), NULL, true, true, 0, 0},
-    {"postgres.retry_max_ms", KEY_INT, F(pg_retry_max_ms), "30000", false, false, 100, 3600000},
+     F(kafka_eventhubs_connection_string_file), NULL, false, false, 0, 0, RESTART},
+    {"kafka.ssl_ca_file", KEY_STRING, F(kafka_ssl_ca_file), NULL, false, false, 0, 0, RESTART},
+    {"postgres.conninfo", KEY_STRING, F(pg_conninfo), NULL, true, true, 0, 0, RESTART},
+    {"postgres.password_file", KEY_STRING, F(pg_password_file), NULL, false, false, 0, 0, RESTART},
+    {"postgres.retry_max_ms", KEY_INT, F(pg_retry_max_ms), "30000", false, false, 100, 3600000, RESTART},
     {"apply.batch_max_events", KEY_INT, F(apply_batch_max_events), "5000", false, false, 1,
-     1000000},
-    {"apply.batch_max_ms", KEY_INT, F(apply_batch_max_ms), "100", false, false, 0, 600000},
-    {"apply.ordering", KEY_STRING, F(apply_ordering), "transaction", false, false, 0, 0},
+     1000000, RESTART},
+    {"apply.batch_max_ms", KEY_INT, F(apply_batch_max_ms), "100", false, false, 0, 600000, RESTART},
+    {"apply.ordering", KEY_STRING, F(apply_ordering), "transaction", false, false, 0, 0, RESTART},
     {"apply.reorder_window_ms", KEY_INT, F(apply_reorder_window_ms), "200", false, false, 0,
-     600000},
+     600000, RESTART},
     {"apply.max_pending_events", KEY_INT, F(apply_max_pending_events), "50000", false, false, 100,
-     100000000},
-    {"apply.dedup_window", KEY_INT, F(apply_dedup_window), "100000", false, false, 0, 100000000},
-    {"apply.lsn_guard", KEY_BOOL, F(apply_lsn_guard), "true", false, false, 0, 0},
-    {"apply.version_column", KEY_STRING, F(apply_version_column), "_ces_lsn", false, false, 0, 0},
+     100000000, RESTART},
+    {"apply.dedup_window", KEY_INT, F(apply_dedup_window), "100000", false, false, 0, 100000000, RESTART},
+    {"apply.lsn_guard", KEY_BOOL, F(apply_lsn_guard), "true", false, false, 0, 0, RESTART},
+    {"apply.version_column", KEY_STRING, F(apply_version_column), "_ces_lsn", false, false, 0, 0, RESTART},
     {"apply.tombstone_retention", KEY_STRING, F(apply_tombstone_retention), "8 days", false, false,
-     0, 0},
-    {"schema.metadata_schema", KEY_STRING, F(schema_metadata), "ces2pg", false, false, 0, 0},
-    {"schema.target", KEY_STRING, F(schema_target), "{schema}.{table}", false, false, 0, 0},
-    {"schema.identifier_case", KEY_STRING, F(schema_identifier_case), "lower", false, false, 0, 0},
-    {"schema.include", KEY_STRING_LIST, F(schema_include), NULL, false, false, 0, 0},
-    {"schema.exclude", KEY_STRING_LIST, F(schema_exclude), NULL, false, false, 0, 0},
-    {"schema.auto_create", KEY_BOOL, F(schema_auto_create), "true", false, false, 0, 0},
-    {"schema.auto_evolve", KEY_BOOL, F(schema_auto_evolve), "true", false, false, 0, 0},
+     0, 0, RESTART},
+    {"schema.metadata_schema", KEY_STRING, F(schema_metadata), "ces2pg", false, false, 0, 0, RESTART},
+    {"schema.target", KEY_STRING, F(schema_target), "{schema}.{table}", false, false, 0, 0, RESTART},
+    {"schema.identifier_case", KEY_STRING, F(schema_identifier_case), "lower", false, false, 0, 0, RESTART},
+    {"schema.include", KEY_STRING_LIST, F(schema_include), NULL, false, false, 0, 0, RESTART},
+    {"schema.exclude", KEY_STRING_LIST, F(schema_exclude), NULL, false, false, 0, 0, RESTART},
+    {"schema.auto_create", KEY_BOOL, F(schema_auto_create), "true", false, false, 0, 0, RESTART},
+    {"schema.auto_evolve", KEY_BOOL, F(schema_auto_evolve), "true", false, false, 0, 0, RESTART},
     {"decode.max_record_bytes", KEY_INT, F(decode_max_record_bytes), "2097152", false, false, 1024,
-     INT64_C(1) << 30},
+     INT64_C(1) << 30, RESTART},
     {"decode.max_event_bytes", KEY_INT, F(decode_max_event_bytes), "67108864", false, false, 1024,
-     INT64_C(1) << 32},
-    {"decode.max_depth", KEY_INT, F(decode_max_depth), "16", false, false, 4, 1000},
-    {"decode.max_columns", KEY_INT, F(decode_max_columns), "4096", false, false, 1, 100000},
+     INT64_C(1) << 32, RESTART},
+    {"decode.max_depth", KEY_INT, F(decode_max_depth), "16", false, false, 4, 1000, RESTART},
+    {"decode.max_columns", KEY_INT, F(decode_max_columns), "4096", false, false, 1, 100000, RESTART},
     {"decode.max_value_bytes", KEY_INT, F(decode_max_value_bytes), "2097152", false, false, 1,
-     INT64_C(1) << 30},
+     INT64_C(1) << 30, RESTART},
     {"reassembly.max_bytes", KEY_INT, F(reassembly_max_bytes), "67108864", false, false, 1024,
-     INT64_C(1) << 34},
+     INT64_C(1) << 34, RESTART},
     {"reassembly.max_segments", KEY_INT, F(reassembly_max_segments), "4096", false, false, 2,
-     1000000},
+     1000000, RESTART},
     {"reassembly.timeout_ms", KEY_INT, F(reassembly_timeout_ms), "300000", false, false, 10,
-     INT64_C(86400000)},
-    {"log.level", KEY_STRING, F(log_level), "info", false, false, 0, 0},
+     INT64_C(86400000), RESTART},
+    {"log.level", KEY_STRING, F(log_level), "info", false, false, 0, 0, RELOAD},
+    {"log.format", KEY_STRING, F(log_format), "text", false, false, 0, 0, RELOAD},
+    {"log.progress_interval", KEY_INT, F(log_progress_interval), "10", false, false, 0, 86400,
+     RELOAD},
+    {"http.listen", KEY_STRING, F(http_listen), "127.0.0.1:9187", false, false, 0, 0, RELOAD},
 };
 
 #define NKEYS (sizeof(keys) / sizeof(keys[0]))
@@ -114,8 +123,69 @@ void ces_config_destroy(ces_config_t *config) {
         else if (keys[i].type == KEY_STRING_LIST)
             strlist_free(field);
     }
+    if (config->pg_password != NULL) {
+        explicit_bzero(config->pg_password, strlen(config->pg_password));
+        free(config->pg_password);
+    }
     free(config->path);
     free(config);
+}
+
+/* Expands ${NAME} references to environment variables in a string value. Returns a new string, or
+ * NULL with errstr naming the file, line, key and variable. A '$' not followed by '{' is kept. */
+static char *expand_env(const char *in, const char *file, int line, const char *key, char *errstr,
+                        size_t errstr_size) {
+    if (strstr(in, "${") == NULL)
+        return strdup(in);
+    size_t cap = strlen(in) + 1, len = 0;
+    char *out = malloc(cap);
+    for (const char *p = in; out != NULL && *p != '\0';) {
+        const char *add = p;
+        size_t n = 1;
+        if (p[0] == '$' && p[1] == '{') {
+            const char *close = strchr(p + 2, '}');
+            size_t name_len = close ? (size_t)(close - (p + 2)) : 0;
+            if (close == NULL || name_len == 0 || name_len > 255) {
+                snprintf(errstr, errstr_size,
+                         "%s:%d: %s: '${' must be followed by a variable name and '}'", file, line,
+                         key);
+                free(out);
+                return NULL;
+            }
+            char name[256];
+            memcpy(name, p + 2, name_len);
+            name[name_len] = '\0';
+            add = getenv(name);
+            if (add == NULL) {
+                snprintf(errstr, errstr_size, "%s:%d: %s: environment variable %s is not set", file,
+                         line, key, name);
+                free(out);
+                return NULL;
+            }
+            n = strlen(add);
+            p = close + 1;
+        } else {
+            p++;
+        }
+        if (len + n + 1 > cap) {
+            cap = (len + n + 1) * 2;
+            char *bigger = realloc(out, cap);
+            if (bigger == NULL) {
+                free(out);
+                out = NULL;
+                break;
+            }
+            out = bigger;
+        }
+        memcpy(out + len, add, n);
+        len += n;
+    }
+    if (out == NULL) {
+        snprintf(errstr, errstr_size, "%s: out of memory", file);
+        return NULL;
+    }
+    out[len] = '\0';
+    return out;
 }
 
 static const char *type_name(key_type_t type) {
@@ -158,7 +228,10 @@ static int set_from_setting(ces_config_t *config, const key_t_ *key, config_sett
         if (type != CONFIG_TYPE_STRING)
             goto wrong_type;
         free(*(char **)field);
-        *(char **)field = strdup(config_setting_get_string(s));
+        *(char **)field =
+            expand_env(config_setting_get_string(s), file, line, key->name, errstr, errstr_size);
+        if (*(char **)field == NULL)
+            return -1;
         break;
     case KEY_INT: {
         if (type != CONFIG_TYPE_INT && type != CONFIG_TYPE_INT64)
@@ -191,11 +264,12 @@ static int set_from_setting(ces_config_t *config, const key_t_ *key, config_sett
             config_setting_t *e = config_setting_get_elem(s, (unsigned)i);
             if (config_setting_type(e) != CONFIG_TYPE_STRING)
                 goto wrong_type;
-            list->items[i] = strdup(config_setting_get_string(e));
-            if (list->items[i] == NULL)
-                goto nomem;
             int item_line = (int)config_setting_source_line(e);
             list->lines[i] = item_line > 0 ? item_line : line;
+            list->items[i] = expand_env(config_setting_get_string(e), file, list->lines[i],
+                                        key->name, errstr, errstr_size);
+            if (list->items[i] == NULL)
+                return -1;
             list->count++;
         }
         break;
@@ -234,6 +308,8 @@ static int parse_duration(const char *text, int64_t *seconds) {
     }
     return -1;
 }
+
+static int line_of(config_t *cfg, const char *name);
 
 /* Semantic checks that go beyond one key's type. */
 static int validate(ces_config_t *c, config_t *cfg, const char *file, char *errstr,
@@ -316,6 +392,24 @@ static int validate(ces_config_t *c, config_t *cfg, const char *file, char *errs
                  file, s ? config_setting_source_line(s) : 0);
         return -1;
     }
+    if (strcmp(c->log_format, "text") != 0 && strcmp(c->log_format, "json") != 0) {
+        snprintf(errstr, errstr_size, "%s:%d: log.format must be \"text\" or \"json\"", file,
+                 line_of(cfg, "log.format"));
+        return -1;
+    }
+    if (c->http_listen[0] != '\0') {
+        const char *colon = strrchr(c->http_listen, ':');
+        char *end = NULL;
+        long port = colon ? strtol(colon + 1, &end, 10) : -1;
+        if (colon == NULL || colon == c->http_listen || end == colon + 1 || *end != '\0' ||
+            port < 1 || port > 65535) {
+            snprintf(errstr, errstr_size,
+                     "%s:%d: http.listen must be \"HOST:PORT\" (like \"127.0.0.1:9187\" or "
+                     "\"[::1]:9187\"), or \"\" for no HTTP server",
+                     file, line_of(cfg, "http.listen"));
+            return -1;
+        }
+    }
     if (c->schema_metadata[0] == '\0') {
         snprintf(errstr, errstr_size, "%s: schema.metadata_schema must not be empty", file);
         return -1;
@@ -334,15 +428,21 @@ static int line_of(config_t *cfg, const char *name) {
     return s ? config_setting_source_line(s) : 1;
 }
 
-/* Reads an Event Hubs connection string from a file: its content without surrounding white space.
- * Errors never quote the content. Returns a new string or NULL with errstr set. */
-static char *read_secret_file(const char *file, int line, const char *secret_path, char *errstr,
-                              size_t errstr_size) {
+/* Reads a secret from a file: its content without surrounding white space. A relative path is
+ * looked up in $CREDENTIALS_DIRECTORY when that is set (systemd's LoadCredential=). Errors never
+ * quote the content. Returns a new string or NULL with errstr set. */
+static char *read_secret_file(const char *file, int line, const char *key, const char *secret_path,
+                              char *errstr, size_t errstr_size) {
     enum { MAX_SECRET = 65536 };
+    char resolved[4096];
+    const char *creds = getenv("CREDENTIALS_DIRECTORY");
+    if (secret_path[0] != '/' && creds != NULL && creds[0] != '\0') {
+        snprintf(resolved, sizeof(resolved), "%s/%s", creds, secret_path);
+        secret_path = resolved;
+    }
     FILE *f = fopen(secret_path, "r");
     if (f == NULL) {
-        snprintf(errstr, errstr_size,
-                 "%s:%d: kafka.eventhubs_connection_string_file: cannot read '%s': %s", file, line,
+        snprintf(errstr, errstr_size, "%s:%d: %s: cannot read '%s': %s", file, line, key,
                  secret_path, strerror(errno));
         return NULL;
     }
@@ -351,11 +451,12 @@ static char *read_secret_file(const char *file, int line, const char *secret_pat
     bool failed = buf == NULL || ferror(f);
     fclose(f);
     if (failed || len > MAX_SECRET) {
-        snprintf(errstr, errstr_size, "%s:%d: kafka.eventhubs_connection_string_file: '%s' %s",
-                 file, line, secret_path,
+        snprintf(errstr, errstr_size, "%s:%d: %s: '%s' %s", file, line, key, secret_path,
                  buf == NULL ? "cannot be read: out of memory"
                  : failed    ? "cannot be read"
-                             : "is too large for a connection string");
+                             : "is too large for a secret");
+        if (buf != NULL)
+            explicit_bzero(buf, len);
         free(buf);
         return NULL;
     }
@@ -367,12 +468,33 @@ static char *read_secret_file(const char *file, int line, const char *secret_pat
     memmove(buf, buf + start, len - start);
     buf[len - start] = '\0';
     if (buf[0] == '\0') {
-        snprintf(errstr, errstr_size, "%s:%d: kafka.eventhubs_connection_string_file: '%s' is empty",
-                 file, line, secret_path);
+        snprintf(errstr, errstr_size, "%s:%d: %s: '%s' is empty", file, line, key, secret_path);
         free(buf);
         return NULL;
     }
     return buf;
+}
+
+/* postgres.password_file: the password, one line without control characters. */
+static int settle_postgres_password(ces_config_t *c, config_t *cfg, const char *file,
+                                    char *errstr, size_t errstr_size) {
+    if (c->pg_password_file == NULL)
+        return 0;
+    int line = line_of(cfg, "postgres.password_file");
+    c->pg_password = read_secret_file(file, line, "postgres.password_file", c->pg_password_file,
+                                      errstr, errstr_size);
+    if (c->pg_password == NULL)
+        return -1;
+    for (const char *p = c->pg_password; *p != '\0'; p++) {
+        if (iscntrl((unsigned char)*p)) {
+            snprintf(errstr, errstr_size,
+                     "%s:%d: postgres.password_file: the password must be one line without control "
+                     "characters (the value is not shown)",
+                     file, line);
+            return -1;
+        }
+    }
+    return 0;
 }
 
 /* The Event Hubs namespace host of a connection string's Endpoint=sb://HOST/ part, copied into
@@ -423,8 +545,9 @@ static int settle_kafka_security(ces_config_t *c, config_t *cfg, const char *fil
                      file, line);
             return -1;
         }
-        c->kafka_eventhubs_connection_string = read_secret_file(
-            file, line, c->kafka_eventhubs_connection_string_file, errstr, errstr_size);
+        c->kafka_eventhubs_connection_string =
+            read_secret_file(file, line, "kafka.eventhubs_connection_string_file",
+                             c->kafka_eventhubs_connection_string_file, errstr, errstr_size);
         if (c->kafka_eventhubs_connection_string == NULL)
             return -1;
     }
@@ -550,7 +673,8 @@ ces_config_status_t ces_config_load(const char *path, ces_config_mode_t mode, ce
             goto done;
         }
     }
-    if (settle_kafka_security(c, &cfg, path, errstr, errstr_size) != 0)
+    if (settle_kafka_security(c, &cfg, path, errstr, errstr_size) != 0 ||
+        settle_postgres_password(c, &cfg, path, errstr, errstr_size) != 0)
         goto done;
     if (mode == CES_CONFIG_DAEMON && c->kafka_topics.count == 0) {
         config_setting_t *s = config_lookup(&cfg, "kafka.topics");
@@ -621,5 +745,31 @@ void ces_config_print(const ces_config_t *c, FILE *out) {
             break;
         }
         }
+    }
+}
+
+void ces_config_diff(const ces_config_t *a, const ces_config_t *b,
+                     void (*fn)(const char *key, bool reloadable, void *arg), void *arg) {
+    for (size_t i = 0; i < NKEYS; i++) {
+        const void *fa = (const char *)a + keys[i].offset, *fb = (const char *)b + keys[i].offset;
+        bool same = true;
+        switch (keys[i].type) {
+        case KEY_STRING: {
+            const char *x = *(char *const *)fa, *y = *(char *const *)fb;
+            same = (x == NULL && y == NULL) || (x != NULL && y != NULL && strcmp(x, y) == 0);
+            break;
+        }
+        case KEY_INT: same = *(const int64_t *)fa == *(const int64_t *)fb; break;
+        case KEY_BOOL: same = *(const bool *)fa == *(const bool *)fb; break;
+        case KEY_STRING_LIST: {
+            const ces_strlist_t *x = fa, *y = fb;
+            same = x->count == y->count;
+            for (size_t j = 0; same && j < x->count; j++)
+                same = strcmp(x->items[j], y->items[j]) == 0;
+            break;
+        }
+        }
+        if (!same)
+            fn(keys[i].name, keys[i].reloadable, arg);
     }
 }

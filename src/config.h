@@ -37,6 +37,11 @@ typedef struct {
     char *kafka_ssl_ca_file; /* ssl.ca.location: CA certificates (PEM) for a private CA */
 
     char *pg_conninfo;
+    /* postgres.password_file (relative paths are looked up in $CREDENTIALS_DIRECTORY when set) and
+     * the password read from it (a secret: never printed or logged), passed to libpq as the
+     * password parameter. Both NULL when the key is not set. */
+    char *pg_password_file;
+    char *pg_password;
     int64_t pg_retry_max_ms;
 
     int64_t apply_batch_max_events;
@@ -69,6 +74,10 @@ typedef struct {
     int64_t reassembly_timeout_ms;
 
     char *log_level;
+    char *log_format;              /* "text" or "json" */
+    int64_t log_progress_interval; /* seconds between progress lines; 0: none */
+
+    char *http_listen; /* "HOST:PORT" of /metrics, /healthz, /readyz; empty: no HTTP server */
 } ces_config_t;
 
 typedef enum {
@@ -93,6 +102,11 @@ void ces_config_destroy(ces_config_t *config);
 
 /* True when a librdkafka property name (name[0..len)) may hold a credential and must not be shown. */
 bool ces_config_is_secret_property(const char *name, size_t len);
+
+/* Calls fn for every key whose value differs between a and b, saying whether SIGHUP may change
+ * it. */
+void ces_config_diff(const ces_config_t *a, const ces_config_t *b,
+                     void (*fn)(const char *key, bool reloadable, void *arg), void *arg);
 
 /* Writes every key with its effective value, one "key = value" per line (for --check-config). */
 void ces_config_print(const ces_config_t *config, FILE *out);
