@@ -67,6 +67,9 @@ struct ces_apply_s {
     bool auto_evolve;
     int64_t retry_max_ms;
     volatile sig_atomic_t *stop_now;
+    char *password; /* a secret: never logged */
+    void (*heartbeat)(void *opaque, bool connected);
+    void *heartbeat_opaque;
 
     PGconn *conn;
     ces_map_t *tables; /* "db\x1fschema\x1ftable" -> table_t */
@@ -289,6 +292,12 @@ ces_apply_t *ces_apply_new(const ces_apply_options_t *o) {
     a->auto_evolve = o->auto_evolve;
     a->retry_max_ms = o->retry_max_ms;
     a->stop_now = o->stop_now;
+    a->heartbeat = o->heartbeat;
+    a->heartbeat_opaque = o->heartbeat_opaque;
+    if (o->password != NULL && (a->password = strdup(o->password)) == NULL) {
+        ces_apply_destroy(a);
+        return NULL;
+    }
     a->lsn_guard = o->lsn_guard;
     a->preserve_case = o->preserve_case;
     const char *target = o->target ? o->target : "{schema}.{table}";
@@ -328,6 +337,10 @@ void ces_apply_destroy(ces_apply_t *a) {
     free(a->target_table);
     free(a->version_quoted);
     free(a->tombstones);
+    if (a->password != NULL) {
+        explicit_bzero(a->password, strlen(a->password));
+        free(a->password);
+    }
     free(a);
 }
 
@@ -336,9 +349,12 @@ bool ces_apply_connected(const ces_apply_t *a) {
 }
 
 static void disconnect(ces_apply_t *a) {
+    bool was = a->conn != NULL;
     if (a->conn != NULL)
         PQfinish(a->conn);
     a->conn = NULL;
+    if (was && a->heartbeat != NULL)
+        a->heartbeat(a->heartbeat_opaque, false);
     a->in_stream = false; /* PostgreSQL rolls it back */
     ces_map_each(a->stmts, stmt_forget, NULL);
 }
@@ -346,7 +362,11 @@ static void disconnect(ces_apply_t *a) {
 /* libpq's notices (e.g. "identifier will be truncated") go through our logger. */
 static void notice_processor(void *arg, const char *message) {
     (void)arg;
-    ces_log_debug("postgres: %s", message);
+    /* WARNINGs deserve attention; NOTICEs ("... already exists, skipping") are routine. */
+    if (strncmp(message, "WARNING", 7) == 0)
+        ces_log_warning("postgres: %s", message);
+    else
+        ces_log_debug("postgres: %s", message);
 }
 
 /* Classifies a failed connection attempt: a refused or unreachable server is worth retrying, a
@@ -474,7 +494,10 @@ done:
 
 static int connect_once(ces_apply_t *a, attempt_error_t *e) {
     disconnect(a);
-    a->conn = PQconnectdb(a->conninfo);
+    /* The password, when given apart, overrides whatever conninfo says (expand_dbname). */
+    const char *const keywords[] = {"dbname", "password", NULL};
+    const char *const values[] = {a->conninfo, a->password, NULL};
+    a->conn = PQconnectdbParams(keywords, values, 1);
     if (a->conn == NULL) {
         set_error(e, ERR_FATAL, -1, NULL, "out of memory");
         return -1;
@@ -497,6 +520,8 @@ static int connect_once(ces_apply_t *a, attempt_error_t *e) {
     }
     ces_log_info("connected to PostgreSQL (server %d, database %s)", PQserverVersion(a->conn),
                  PQdb(a->conn));
+    if (a->heartbeat != NULL)
+        a->heartbeat(a->heartbeat_opaque, true);
     return 0;
 }
 
@@ -506,6 +531,8 @@ static int backoff_sleep(ces_apply_t *a, int64_t ms) {
     while (ms > 0) {
         if (a->stop_now != NULL && *a->stop_now)
             return -1;
+        if (a->heartbeat != NULL)
+            a->heartbeat(a->heartbeat_opaque, ces_apply_connected(a));
         int64_t step = ms < 50 ? ms : 50;
         struct timespec ts = {.tv_sec = 0, .tv_nsec = (long)step * 1000000L};
         nanosleep(&ts, NULL);
@@ -540,6 +567,23 @@ static ces_apply_status_t ensure_connected(ces_apply_t *a, char *errstr, size_t 
         }
     }
     return CES_APPLY_OK;
+}
+
+bool ces_apply_check(ces_apply_t *a) {
+    if (a->conn != NULL && !a->in_stream && PQtransactionStatus(a->conn) == PQTRANS_IDLE) {
+        /* A server that shut down sent its goodbye and closed the socket: reading notices it. */
+        if (PQconsumeInput(a->conn) != 1 || PQstatus(a->conn) != CONNECTION_OK) {
+            ces_log_warning("PostgreSQL closed the connection: %s", PQerrorMessage(a->conn));
+            disconnect(a);
+        }
+        return ces_apply_connected(a);
+    }
+    if (a->conn == NULL) {
+        attempt_error_t e = {.failed_item = -1};
+        if (connect_once(a, &e) != 0)
+            ces_log_debug("reconnecting to PostgreSQL between batches: %s", e.message);
+    }
+    return ces_apply_connected(a);
 }
 
 ces_apply_status_t ces_apply_start(ces_apply_t *a, char *errstr, size_t errstr_size) {
@@ -901,6 +945,20 @@ static char *expand_target(const char *pattern, const ces_event_t *ev) {
  * (column, type); each conflict is logged once.
  */
 static bool type_conflict(table_t *t, const ces_event_t *ev, const char **reject) {
+    /* Events of a table mostly repeat the same column list: judge each distinct list once. */
+    uint64_t h = 1469598103934665603ULL;
+    for (size_t i = 0; i < ev->ncols; i++) {
+        for (const char *p = ev->cols[i].name; *p; p++)
+            h = (h ^ (unsigned char)*p) * 1099511628211ULL;
+        h = (h ^ 0x1f) * 1099511628211ULL;
+        for (const char *p = ev->cols[i].type; *p; p++)
+            h = (h ^ (unsigned char)*p) * 1099511628211ULL;
+        h = (h ^ 0x1e) * 1099511628211ULL;
+    }
+    char list_key[1 + sizeof(h)] = {'L'};
+    memcpy(list_key + 1, &h, sizeof(h));
+    if (ces_map_get(t->type_checks, list_key, sizeof(list_key)) != NULL)
+        return false;
     for (size_t i = 0; i < ev->ncols; i++) {
         const ces_column_t *c = &ev->cols[i];
         char key[1100];
@@ -931,7 +989,25 @@ static bool type_conflict(table_t *t, const ces_event_t *ev, const char **reject
             return true;
         }
     }
+    ces_map_put(t->type_checks, list_key, sizeof(list_key), (void *)1); /* no memory: ask again */
     return false;
+}
+
+static bool fields_known(table_t *t, const ces_field_t *fields, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        if (resolve_column(t, fields[i].name) < 0)
+            return false;
+    }
+    return true;
+}
+
+static bool all_columns_known(table_t *t, const ces_event_t *ev) {
+    for (size_t i = 0; i < ev->ncols; i++) {
+        if (resolve_column(t, ev->cols[i].name) < 0)
+            return false;
+    }
+    return fields_known(t, ev->pkkey, ev->npkkey) && fields_known(t, ev->current, ev->ncurrent) &&
+           fields_known(t, ev->old, ev->nold);
 }
 
 static table_t *table_new(ces_apply_t *a, const ces_event_t *ev) {
@@ -1021,6 +1097,10 @@ static table_t *ensure_table(ces_apply_t *a, const ces_event_t *ev, const char *
     }
     if (t->npk == 0)
         goto no_pk;
+
+    /* The common case, cheaply: every column the event names is known (hash lookups only). */
+    if (all_columns_known(t, ev))
+        return type_conflict(t, ev, reject) ? NULL : t;
 
     /* Columns this event needs that the table does not have yet. */
     namelist_t names = {0};

@@ -31,6 +31,12 @@ typedef struct {
     const char *version_column;      /* its name, e.g. "_ces_lsn" */
     int64_t tombstone_retention_s;   /* tombstones older than this are purged */
     volatile sig_atomic_t *stop_now; /* when set, retries give up (the batch stays rolled back) */
+    const char *password; /* libpq's password parameter, overriding conninfo's (a secret; may be
+                           * NULL) */
+    /* Called when the connection opens or closes, and at every step of a backoff wait (so that a
+     * PostgreSQL outage does not look like a stuck process); may be NULL. */
+    void (*heartbeat)(void *opaque, bool connected);
+    void *heartbeat_opaque;
 } ces_apply_options_t;
 
 typedef enum {
@@ -92,5 +98,9 @@ bool ces_apply_streaming(const ces_apply_t *apply);
 
 /* True while a connection is open and healthy. */
 bool ces_apply_connected(const ces_apply_t *apply);
+
+/* Between batches: notices a connection the server closed (reads what is pending without
+ * waiting), or, when there is none, tries once to connect. Returns ces_apply_connected(). */
+bool ces_apply_check(ces_apply_t *apply);
 
 #endif

@@ -179,6 +179,8 @@ static void advance_frontier(ces_pipeline_t *p, const ces_source_t *source, ces_
 static int add_event(ces_pipeline_t *p, const ces_source_t *source, const ces_event_t *event,
                      const void *raw, size_t raw_len, ces_arena_t *arena, void *owner,
                      const ces_source_t *more, size_t nmore) {
+    if ((unsigned)event->op < 4)
+        p->stats.events_consumed[event->op]++;
     if (p->order != NULL) {
         /* Even a skipped event tells how far its partitions have come. */
         advance_frontier(p, source, event->position.commit_lsn);
@@ -669,6 +671,7 @@ ces_pipeline_status_t ces_pipeline_flush(ces_pipeline_t *p, char *errstr, size_t
     if (p->batch.count == 0 && p->batch.noffsets == 0 && !(p->streaming && commit))
         return CES_PIPELINE_OK;
     ces_apply_stats_t st = {0};
+    int64_t started_ms = ces_now_ms();
     ces_apply_status_t rc =
         p->streaming && commit
             ? ces_apply_stream_commit(p->apply, &p->batch, &st, errstr, errstr_size)
@@ -686,6 +689,9 @@ ces_pipeline_status_t ces_pipeline_flush(ces_pipeline_t *p, char *errstr, size_t
     case CES_APPLY_FATAL:
         return CES_PIPELINE_FATAL;
     }
+    if (p->options.on_applied != NULL)
+        p->options.on_applied(p->options.on_applied_opaque, &p->batch,
+                              (double)(ces_now_ms() - started_ms) / 1000.0);
     if (!commit) {
         p->stream_stats.events_applied += st.events_applied;
         p->stream_stats.dead_letters += st.dead_letters;
@@ -923,4 +929,27 @@ void ces_pipeline_get_stats(const ces_pipeline_t *p, ces_pipeline_stats_t *stats
     *stats = p->stats;
     stats->pending_events = p->order ? ces_order_pending_events(p->order) : 0;
     stats->pending_segments = ces_reasm_pending_groups(p->reasm);
+    stats->pending_transactions = p->order ? ces_order_pending_transactions(p->order) : 0;
+    stats->pending_segment_bytes = ces_reasm_pending_bytes(p->reasm);
+}
+
+typedef struct {
+    void (*fn)(void *arg, const char *topic, int32_t partition, int64_t position);
+    void *arg;
+} each_partition_t;
+
+static void each_partition(void *value, void *arg) {
+    const partition_t *part = value;
+    each_partition_t *e = arg;
+    if (part->assigned)
+        e->fn(e->arg, part->topic, part->partition,
+              part->has_expected ? part->expected : part->has_next ? part->next : -1);
+}
+
+void ces_pipeline_each_partition(ces_pipeline_t *p,
+                                 void (*fn)(void *arg, const char *topic, int32_t partition,
+                                            int64_t position),
+                                 void *arg) {
+    each_partition_t e = {fn, arg};
+    ces_map_each(p->partitions, each_partition, &e);
 }

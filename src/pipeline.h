@@ -39,6 +39,11 @@ typedef struct {
     size_t ninclude;
     const char *const *exclude;
     size_t nexclude;
+    /* Called after each batch PostgreSQL accepted, before the batch is cleared (may be NULL): its
+     * items are now events applied or dead letters; seconds is how long applying took. A streamed
+     * source transaction reports each part when it is sent. For metrics. */
+    void (*on_applied)(void *opaque, const ces_batch_t *batch, double seconds);
+    void *on_applied_opaque;
 } ces_pipeline_options_t;
 
 typedef struct {
@@ -51,6 +56,9 @@ typedef struct {
     uint64_t excluded;   /* events of tables left out by schema.include / schema.exclude */
     size_t pending_events; /* held for ordering (not yet in a batch) */
     size_t pending_segments; /* segment groups waiting for reassembly */
+    uint64_t events_consumed[4]; /* decoded events by ces_op_t (index 0 unused) */
+    size_t pending_transactions;  /* source transactions held for ordering */
+    size_t pending_segment_bytes; /* bytes held by segment groups */
 } ces_pipeline_stats_t;
 
 typedef enum {
@@ -113,6 +121,13 @@ size_t ces_pipeline_batch_events(const ces_pipeline_t *pipeline);
 const ces_item_t *ces_pipeline_batch_item(const ces_pipeline_t *pipeline, size_t i);
 
 void ces_pipeline_get_stats(const ces_pipeline_t *pipeline, ces_pipeline_stats_t *stats);
+
+/* Calls fn for every assigned partition with the next offset to apply: the position stored in
+ * PostgreSQL, else the next record to read, else -1. */
+void ces_pipeline_each_partition(ces_pipeline_t *pipeline,
+                                 void (*fn)(void *arg, const char *topic, int32_t partition,
+                                            int64_t position),
+                                 void *arg);
 
 /* Monotonic milliseconds. */
 int64_t ces_now_ms(void);
