@@ -332,7 +332,7 @@ static void invalid_utf8_is_rejected(void **state) {
     (void)state;
     ces_decoder_t *d = new_decoder();
     const char rec[] = "{\"specversion\":\"1.0\",\"type\":\"com.microsoft.SQL.CES.DML.V1\",\"id\":\"\xff\xfe\"}";
-    expect_rejected(d, rec, sizeof(rec) - 1, "invalid UTF-8");
+    expect_rejected(d, rec, sizeof(rec) - 1, "UTF");
     const char nul[] = "{\"specversion\":\"1.0\",\"type\":\"com.microsoft.SQL.CES.DML.V1\",\"id\":\"a\0b\"}";
     expect_rejected(d, nul, sizeof(nul) - 1, "malformed JSON");
     ces_decoder_destroy(d);
