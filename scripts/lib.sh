@@ -7,7 +7,9 @@ CES2PG_BUILD_PACKAGES="build-essential cmake pkg-config librdkafka-dev libpq-dev
 CES2PG_DEMO_PACKAGES="postgresql-15 postgresql-client-15 python3 python3-confluent-kafka
   python3-psycopg2"
 # What the tests need on top of that.
-CES2PG_TEST_PACKAGES="libcmocka-dev python3-pytest python3-avro kcat valgrind openssl clang libclang-rt-14-dev"
+# (systemd for systemd-analyze, which checks the unit's hardening; python3-yaml reads the compose file.)
+CES2PG_TEST_PACKAGES="libcmocka-dev python3-pytest python3-avro kcat valgrind openssl clang libclang-rt-14-dev
+  systemd python3-yaml"
 # The real-broker tier (tests/realbroker): a JDK for Apache Kafka and Maven to fetch it (openssl,
 # for its certificates, is a test package above). scripts/test installs them when missing only under
 # CI; elsewhere the tier is skipped without them.

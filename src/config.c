@@ -51,7 +51,7 @@ static const key_t_ keys[] = {
     {"apply.ordering", KEY_STRING, F(apply_ordering), "transaction", false, false, 0, 0, RESTART},
     {"apply.reorder_window_ms", KEY_INT, F(apply_reorder_window_ms), "200", false, false, 0,
      600000, RESTART},
-    {"apply.max_pending_events", KEY_INT, F(apply_max_pending_events), "50000", false, false, 100,
+    {"apply.max_pending_events", KEY_INT, F(apply_max_pending_events), "10000", false, false, 100,
      100000000, RESTART},
     {"apply.dedup_window", KEY_INT, F(apply_dedup_window), "100000", false, false, 0, 100000000, RESTART},
     {"apply.lsn_guard", KEY_BOOL, F(apply_lsn_guard), "true", false, false, 0, 0, RESTART},

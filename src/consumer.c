@@ -11,6 +11,7 @@ struct ces_consumer_s {
     rd_kafka_t *rk;
     ces_consumer_callbacks_t callbacks;
     size_t assigned;
+    bool joined; /* a first assignment arrived */
     bool failed; /* a callback asked to stop, or a Kafka error that retrying cannot fix */
     /* Secrets that must never reach the log, even through librdkafka's own messages: the Event
      * Hubs connection string and its SharedAccessKey. Owned; NULL when absent. */
@@ -26,6 +27,11 @@ static const char *const reserved[] = {"group.id", "enable.auto.offset.store", "
 static const char *const defaults[][2] = {
     {"auto.offset.reset", "earliest"},
     {"enable.auto.commit", "true"},
+    /* Pre-fetched records wait in librdkafka's queue: 16 MB keeps the fetcher ahead of apply
+     * without letting a backlog grow the process (librdkafka's own default is 64 MB). */
+    {"queued.max.messages.kbytes", "16384"},
+    /* One fetch response may bring this much (compressed) at once; librdkafka's default is 50 MB. */
+    {"fetch.max.bytes", "8388608"},
 };
 
 /* Event Hubs mode (kafka.eventhubs_connection_string): how the Kafka endpoint authenticates. */
@@ -334,6 +340,7 @@ static void rebalance_cb(rd_kafka_t *rk, rd_kafka_resp_err_t err,
             else
                 ret = rd_kafka_assign(rk, parts);
             c->assigned = cooperative ? c->assigned + (size_t)parts->cnt : (size_t)parts->cnt;
+            c->joined = true;
             /* A cooperative rebalance that moves nothing here assigns an empty list: not news. */
             if (parts->cnt > 0 || !cooperative)
                 ces_log_info("assigned %d partition(s)%s", parts->cnt,
@@ -561,3 +568,5 @@ int ces_consumer_high_watermark(ces_consumer_t *c, const char *topic, int32_t pa
 }
 
 size_t ces_consumer_assigned_count(const ces_consumer_t *c) { return c->assigned; }
+
+bool ces_consumer_joined(const ces_consumer_t *c) { return c->joined; }

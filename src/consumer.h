@@ -97,4 +97,7 @@ int ces_consumer_high_watermark(ces_consumer_t *consumer, const char *topic, int
 /* Number of partitions currently assigned. */
 size_t ces_consumer_assigned_count(const ces_consumer_t *consumer);
 
+/* True once the consumer has joined its group (a first assignment arrived, possibly empty). */
+bool ces_consumer_joined(const ces_consumer_t *consumer);
+
 #endif

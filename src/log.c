@@ -38,6 +38,8 @@ int ces_log_format_parse(const char *name, ces_log_format_t *format) {
 
 void ces_log_set_format(ces_log_format_t format) { current_format = format; }
 
+ces_log_format_t ces_log_get_format(void) { return current_format; }
+
 /* One JSON object per line: {"time":"2024-05-01T12:00:00.123Z","level":"info","message":"..."}.
  * yajl does the escaping; a message that is not valid UTF-8 is written as text instead. */
 static int write_json(ces_log_level_t level, const char *message) {

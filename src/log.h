@@ -32,6 +32,8 @@ void ces_log_set_level(ces_log_level_t level);
 /* Parses "text" or "json". Returns 0 and sets *format, or -1. */
 int ces_log_format_parse(const char *name, ces_log_format_t *format);
 void ces_log_set_format(ces_log_format_t format);
+/* The format in effect (async-signal-safe: one read). */
+ces_log_format_t ces_log_get_format(void);
 
 void ces_log_write(ces_log_level_t level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void ces_log_writev(ces_log_level_t level, const char *fmt, va_list ap);

@@ -3,17 +3,22 @@
  * codes: 0 clean stop or successful replay, 64 usage error, 78 configuration error, 1 anything else.
  */
 #include <getopt.h>
+#include <malloc.h>
 #include <libpq-fe.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "apply.h"
 #include "config.h"
 #include "consumer.h"
 #include "decode.h"
+#include "http.h"
 #include "log.h"
+#include "metrics.h"
+#include "notify.h"
 #include "pipeline.h"
 #include "replay.h"
 
@@ -24,29 +29,45 @@
 #define EXIT_USAGE 64
 #define EXIT_CONFIG 78
 
-#define PROGRESS_INTERVAL_MS 10000
+/* How often the main loop copies its gauges for /metrics (never per event). */
+#define METRICS_PUBLISH_MS 100
+/* How often an idle daemon checks that its PostgreSQL connection is still there. */
+#define PG_CHECK_MS 1000
 
 static volatile sig_atomic_t stop_requested = 0;
+static volatile sig_atomic_t reload_requested = 0;
 
+/* The first SIGTERM/SIGINT asks for a graceful stop and restores the default action, so that a
+ * second one ends the process at once, even while the first is being honoured (sigaction is
+ * async-signal-safe). */
 static void on_stop_signal(int sig) {
     (void)sig;
     stop_requested = 1;
 }
 
-static void install_signals(void) {
+static void on_reload_signal(int sig) {
+    (void)sig;
+    reload_requested = 1;
+}
+
+static void install_signals(bool daemon) {
     struct sigaction sa;
     memset(&sa, 0, sizeof(sa));
     sa.sa_handler = on_stop_signal;
     sigemptyset(&sa.sa_mask);
+    /* The handler only sets a flag; SA_RESETHAND gives the signal its default action back as it is
+     * delivered, so a second SIGTERM (or Ctrl-C) ends the process at once, even while the main loop
+     * waits in PostgreSQL. */
+    sa.sa_flags = SA_RESETHAND;
     sigaction(SIGTERM, &sa, NULL);
     sigaction(SIGINT, &sa, NULL);
+    sa.sa_flags = 0;
+    if (daemon) {
+        sa.sa_handler = on_reload_signal;
+        sa.sa_flags = SA_RESTART;
+        sigaction(SIGHUP, &sa, NULL);
+    }
     signal(SIGPIPE, SIG_IGN);
-}
-
-/* After the first stop signal, a second one ends the process at once (default action). */
-static void arm_second_signal(void) {
-    signal(SIGTERM, SIG_DFL);
-    signal(SIGINT, SIG_DFL);
 }
 
 static void usage(FILE *out) {
@@ -103,7 +124,8 @@ static void fill_pipeline_options(const ces_config_t *c, bool store_offsets,
     o->nexclude = c->schema_exclude.count;
 }
 
-static ces_apply_t *make_apply(const ces_config_t *c) {
+static ces_apply_t *make_apply(const ces_config_t *c, void (*heartbeat)(void *, bool),
+                               void *opaque) {
     ces_apply_options_t o = {
         .conninfo = c->pg_conninfo,
         .metadata_schema = c->schema_metadata,
@@ -117,6 +139,9 @@ static ces_apply_t *make_apply(const ces_config_t *c) {
         .version_column = c->apply_version_column,
         .tombstone_retention_s = c->apply_tombstone_retention_s,
         .stop_now = &stop_requested,
+        .password = c->pg_password,
+        .heartbeat = heartbeat,
+        .heartbeat_opaque = opaque,
     };
     return ces_apply_new(&o);
 }
@@ -141,6 +166,9 @@ static ces_config_t *load_config(const char *path, ces_config_mode_t mode) {
     ces_log_level_t level;
     if (ces_log_level_parse(config->log_level, &level) == 0)
         ces_log_set_level(level);
+    ces_log_format_t format;
+    if (ces_log_format_parse(config->log_format, &format) == 0)
+        ces_log_set_format(format);
     return config;
 }
 
@@ -170,7 +198,7 @@ static int run_replay(const char *path, char *const *files, size_t nfiles) {
     ces_pipeline_options_t popts;
     fill_pipeline_options(config, false, &popts);
     ces_decoder_t *decoder = ces_decoder_new(&limits);
-    ces_apply_t *apply = make_apply(config);
+    ces_apply_t *apply = make_apply(config, NULL, NULL);
     ces_pipeline_t *pipeline = NULL;
     char err[1024];
     if (decoder == NULL || apply == NULL ||
@@ -215,15 +243,162 @@ done:
     return rc;
 }
 
-static void log_progress(const ces_pipeline_stats_t *now, const ces_pipeline_stats_t *before,
-                         int64_t elapsed_ms) {
+/* What the daemon's hooks and its loop share. Main thread only; metrics is shared with the HTTP
+ * thread through its own lock and atomics. */
+typedef struct {
+    ces_metrics_t *metrics;
+    int64_t watchdog_ms; /* systemd's WatchdogSec / 2, or 0 */
+    int64_t last_watchdog_ms;
+    /* Settings a SIGHUP may change. */
+    int64_t progress_ms; /* 0: no progress line */
+    char *http_listen;   /* owned; "" when off */
+    ces_http_t *http;
+} daemon_t;
+
+static void ping_watchdog(daemon_t *d, int64_t now) {
+    if (d->watchdog_ms > 0 && now - d->last_watchdog_ms >= d->watchdog_ms) {
+        ces_notify("WATCHDOG=1");
+        d->last_watchdog_ms = now;
+    }
+}
+
+/* apply's hook: the connection opened or closed, or a retry is waiting. */
+static void on_apply_heartbeat(void *opaque, bool connected) {
+    daemon_t *d = opaque;
+    int64_t now = ces_now_ms();
+    ces_metrics_heartbeat(d->metrics, now);
+    ces_metrics_set_connected(d->metrics, connected);
+    ping_watchdog(d, now);
+}
+
+/* The pipeline's hook: once per batch PostgreSQL accepted. */
+static void on_batch_applied(void *opaque, const ces_batch_t *batch, double seconds) {
+    ces_metrics_add_batch(((daemon_t *)opaque)->metrics, batch, seconds);
+}
+
+typedef struct {
+    ces_consumer_t *consumer;
+    ces_metrics_partition_t *parts;
+    size_t n, cap;
+} partitions_t;
+
+static void collect_partition(void *arg, const char *topic, int32_t partition, int64_t position) {
+    partitions_t *ps = arg;
+    if (ps->n == ps->cap) {
+        size_t cap = ps->cap ? ps->cap * 2 : 16;
+        ces_metrics_partition_t *bigger = realloc(ps->parts, cap * sizeof(*bigger));
+        if (bigger == NULL)
+            return; /* a gauge less: not worth failing for */
+        ps->parts = bigger;
+        ps->cap = cap;
+    }
+    ces_metrics_partition_t *p = &ps->parts[ps->n++];
+    p->topic = topic;
+    p->partition = partition;
+    p->position = position;
+    if (ps->consumer == NULL || ces_consumer_high_watermark(ps->consumer, topic, partition,
+                                                            &p->high) != 0)
+        p->high = -1;
+}
+
+/* Copies the pipeline's counters and the partitions' lag for /metrics. */
+static void publish_metrics(daemon_t *d, ces_pipeline_t *pipeline, ces_consumer_t *consumer) {
+    ces_pipeline_stats_t stats;
+    ces_pipeline_get_stats(pipeline, &stats);
+    partitions_t ps = {.consumer = consumer};
+    ces_pipeline_each_partition(pipeline, collect_partition, &ps);
+    ces_metrics_set_stats(d->metrics, &stats, ps.parts, ps.n);
+    free(ps.parts);
+}
+
+/* The progress line: logged while records flow, and systemd's STATUS= always. */
+static void report_progress(daemon_t *d, const ces_pipeline_stats_t *now,
+                            const ces_pipeline_stats_t *before, int64_t elapsed_ms) {
     double secs = elapsed_ms > 0 ? (double)elapsed_ms / 1000.0 : 1.0;
-    ces_log_info("progress: %.0f records/s, %llu records, %llu events applied, %llu dead letters, "
-                 "%llu duplicates skipped, %zu events waiting for their transaction, %llu retries",
-                 (double)(now->records - before->records) / secs,
-                 (unsigned long long)now->records, (unsigned long long)now->events_applied,
-                 (unsigned long long)now->dead_letters, (unsigned long long)now->duplicates,
-                 now->pending_events, (unsigned long long)now->retries);
+    ces_metrics_summary_t sum;
+    ces_metrics_summary(d->metrics, &sum);
+    char delay[32];
+    if (sum.delay_seconds >= 0)
+        snprintf(delay, sizeof(delay), "%.1f s", sum.delay_seconds);
+    else
+        snprintf(delay, sizeof(delay), "unknown");
+    char line[512];
+    snprintf(line, sizeof(line),
+             "%.0f events/s, %.0f records/s, lag %lld records, delay %s, %llu events applied, "
+             "%llu dead letters, %llu duplicates skipped, %zu events waiting for their "
+             "transaction, %llu retries",
+             (double)(now->events_applied - before->events_applied) / secs,
+             (double)(now->records - before->records) / secs, (long long)sum.lag, delay,
+             (unsigned long long)now->events_applied, (unsigned long long)now->dead_letters,
+             (unsigned long long)now->duplicates, now->pending_events,
+             (unsigned long long)now->retries);
+    if (now->records != before->records)
+        ces_log_info("progress: %s", line);
+    ces_notify_status("%s", line);
+}
+
+/* Starts, stops or moves the HTTP server to listen ("" for none). Returns 0, or -1 with the old
+ * server kept. */
+static int set_http(daemon_t *d, const char *listen) {
+    if (d->http_listen != NULL && strcmp(d->http_listen, listen) == 0)
+        return 0;
+    char *copy = strdup(listen);
+    if (copy == NULL) {
+        ces_log_error("out of memory");
+        return -1;
+    }
+    /* The same port may be asked for again on another address: free it first. */
+    ces_http_stop(d->http);
+    d->http = NULL;
+    char err[512];
+    ces_http_t *h = NULL;
+    if (listen[0] != '\0' && (h = ces_http_start(listen, d->metrics, err, sizeof(err))) == NULL) {
+        ces_log_error("%s", err);
+        free(copy);
+        if (d->http_listen != NULL && d->http_listen[0] != '\0')
+            d->http = ces_http_start(d->http_listen, d->metrics, err, sizeof(err));
+        return -1;
+    }
+    if (listen[0] == '\0' && d->http_listen != NULL && d->http_listen[0] != '\0')
+        ces_log_info("HTTP server stopped (http.listen is empty)");
+    d->http = h;
+    free(d->http_listen);
+    d->http_listen = copy;
+    return 0;
+}
+
+static void log_changed_key(const char *key, bool reloadable, void *arg) {
+    (void)arg;
+    if (reloadable)
+        ces_log_info("reload: %s changed", key);
+    else
+        ces_log_warning("reload: %s changed, but takes effect only after a restart", key);
+}
+
+/* SIGHUP: reads the file again and applies what may change while running (the keys marked RELOAD
+ * in config.c). An invalid file changes nothing. Returns the configuration now current. */
+static ces_config_t *reload(daemon_t *d, const char *path, ces_config_t *current) {
+    ces_notify("RELOADING=1");
+    ces_log_info("SIGHUP: reloading %s", path);
+    ces_config_t *next = NULL;
+    char err[1024];
+    if (ces_config_load(path, CES_CONFIG_DAEMON, &next, err, sizeof(err)) != CES_CONFIG_OK) {
+        ces_log_error("reload failed, the running configuration stays: %s", err);
+        ces_notify("READY=1");
+        return current;
+    }
+    ces_config_diff(current, next, log_changed_key, NULL);
+    ces_log_level_t level;
+    if (ces_log_level_parse(next->log_level, &level) == 0)
+        ces_log_set_level(level);
+    ces_log_format_t format;
+    if (ces_log_format_parse(next->log_format, &format) == 0)
+        ces_log_set_format(format);
+    d->progress_ms = next->log_progress_interval * 1000;
+    set_http(d, next->http_listen);
+    ces_log_info("configuration reloaded (log level %s)", next->log_level);
+    ces_notify("READY=1");
+    return next;
 }
 
 static int run_daemon(const char *path) {
@@ -231,21 +406,31 @@ static int run_daemon(const char *path) {
     ces_config_t *config = load_config(path, CES_CONFIG_DAEMON);
     if (config == NULL)
         return EXIT_CONFIG;
+    ces_config_t *current = config; /* the latest valid file; config stays for what refers to it */
+    daemon_t d = {.progress_ms = config->log_progress_interval * 1000,
+                  .watchdog_ms = ces_notify_watchdog_interval_ms()};
     ces_decode_limits_t limits;
     fill_decode_limits(config, &limits);
     ces_pipeline_options_t popts;
     fill_pipeline_options(config, true, &popts);
+    popts.on_applied = on_batch_applied;
+    popts.on_applied_opaque = &d;
+    d.metrics = ces_metrics_new();
     ces_decoder_t *decoder = ces_decoder_new(&limits);
-    ces_apply_t *apply = make_apply(config);
+    ces_apply_t *apply = make_apply(config, on_apply_heartbeat, &d);
     ces_pipeline_t *pipeline = NULL;
     ces_consumer_t *consumer = NULL;
     char err[1024];
-    if (decoder == NULL || apply == NULL ||
+    if (d.metrics == NULL || decoder == NULL || apply == NULL ||
         (pipeline = ces_pipeline_new(&popts, decoder, apply)) == NULL) {
         ces_log_error("out of memory");
         goto done;
     }
     ces_log_info("ces2pg %s starting with %s", CES2PG_VERSION, path);
+    ces_metrics_heartbeat(d.metrics, ces_now_ms());
+    if (set_http(&d, config->http_listen) != 0)
+        goto done;
+    ces_notify_status("connecting to PostgreSQL");
     ces_apply_status_t ast = ces_apply_start(apply, err, sizeof(err));
     if (ast != CES_APPLY_OK) {
         if (ast == CES_APPLY_INTERRUPTED) {
@@ -267,14 +452,36 @@ static int run_daemon(const char *path) {
         goto done;
     }
     ces_pipeline_set_consumer(pipeline, consumer);
+    ces_notify_status("joining the consumer group");
 
     int poll_ms = (int)config->kafka_poll_ms;
-    int64_t last_progress = ces_now_ms();
+    int64_t last_progress = ces_now_ms(), last_publish = 0, last_pg_check = ces_now_ms();
+    bool ready = false;
     ces_pipeline_stats_t progress_base;
     ces_pipeline_get_stats(pipeline, &progress_base);
     ces_pipeline_status_t pst = CES_PIPELINE_OK;
     while (!stop_requested) {
         int64_t now = ces_now_ms();
+        ces_metrics_heartbeat(d.metrics, now);
+        ping_watchdog(&d, now);
+        if (reload_requested) {
+            reload_requested = 0;
+            ces_config_t *next = reload(&d, path, current);
+            if (next != current && current != config)
+                ces_config_destroy(current);
+            current = next;
+        }
+        if (now - last_publish >= METRICS_PUBLISH_MS) {
+            ces_metrics_set_assigned(d.metrics, ces_consumer_assigned_count(consumer));
+            publish_metrics(&d, pipeline, consumer);
+            last_publish = now;
+            if (!ready && ces_apply_connected(apply) && ces_consumer_joined(consumer)) {
+                ready = true;
+                ces_notify("READY=1");
+                ces_notify_status("running");
+                ces_log_info("ready: PostgreSQL connected, consumer group joined");
+            }
+        }
         if ((pst = ces_pipeline_tick(pipeline, now, err, sizeof(err))) != CES_PIPELINE_OK)
             break;
         if (ces_pipeline_due(pipeline, now) &&
@@ -295,23 +502,27 @@ static int run_daemon(const char *path) {
         }
         if (ps == CES_POLL_EOF)
             ces_pipeline_partition_eof(pipeline, rec.topic, rec.partition, rec.offset);
-        if (ces_pipeline_pending(pipeline)) {
+        if (ces_pipeline_pending(pipeline) && ces_pipeline_settled(pipeline, ces_now_ms())) {
             /* Nothing more arrived right now: apply what we have instead of waiting. */
             if ((pst = ces_pipeline_flush(pipeline, err, sizeof(err))) != CES_PIPELINE_OK)
                 break;
+        } else if (ps == CES_POLL_IDLE && now - last_pg_check >= PG_CHECK_MS) {
+            /* Idle: notice a PostgreSQL that went away (or came back) for /readyz. */
+            ces_apply_check(apply);
+            last_pg_check = now;
         }
         now = ces_now_ms();
-        if (now - last_progress >= PROGRESS_INTERVAL_MS) {
+        if (d.progress_ms > 0 && now - last_progress >= d.progress_ms) {
+            publish_metrics(&d, pipeline, consumer);
             ces_pipeline_stats_t stats;
             ces_pipeline_get_stats(pipeline, &stats);
-            if (stats.records != progress_base.records)
-                log_progress(&stats, &progress_base, now - last_progress);
+            report_progress(&d, &stats, &progress_base, now - last_progress);
             progress_base = stats;
             last_progress = now;
         }
     }
     if (stop_requested) {
-        arm_second_signal();
+        ces_notify("STOPPING=1");
         ces_log_info("stopping: applying what is complete, then leaving the consumer group");
         if (pst == CES_PIPELINE_OK)
             pst = ces_pipeline_flush(pipeline, err, sizeof(err));
@@ -319,6 +530,8 @@ static int run_daemon(const char *path) {
             ces_log_warning("the last batch was rolled back; it will be read again after restart");
             pst = CES_PIPELINE_OK;
         }
+    } else {
+        ces_notify("STOPPING=1");
     }
     if (pst == CES_PIPELINE_FATAL) {
         ces_log_error("%s", err);
@@ -337,14 +550,22 @@ done:
                      (unsigned long long)stats.dead_letters, (unsigned long long)stats.duplicates,
                      (unsigned long long)stats.excluded);
     }
+    ces_http_stop(d.http);
+    free(d.http_listen);
     ces_pipeline_destroy(pipeline);
     ces_apply_destroy(apply);
     ces_decoder_destroy(decoder);
+    ces_metrics_destroy(d.metrics);
+    if (current != config)
+        ces_config_destroy(current);
     ces_config_destroy(config);
     return rc;
 }
 
 int main(int argc, char **argv) {
+    /* librdkafka's threads would each get a malloc arena of their own; two keep the footprint of
+     * a backlog from multiplying. */
+    mallopt(M_ARENA_MAX, 2);
     enum { OPT_CHECK_CONFIG = 1000 };
     static const struct option options[] = {
         {"config", required_argument, NULL, 'c'},
@@ -388,7 +609,7 @@ int main(int argc, char **argv) {
     }
     if (check)
         return check_config(config_path);
-    install_signals();
+    install_signals(!replay);
     if (replay)
         return run_replay(config_path, argv + optind, (size_t)(argc - optind));
     return run_daemon(config_path);

@@ -215,6 +215,11 @@ static int add_event(ces_pipeline_t *p, const ces_source_t *source, const ces_ev
         *item = tmp;
         return 0;
     }
+    /* A duplicate's arena (and the event in it) is freed by ces_order_add: keep its id for the
+     * log line. */
+    char logicalid[160] = "";
+    if (ces_log_current_level >= CES_LOG_DEBUG)
+        snprintf(logicalid, sizeof(logicalid), "%s", event->logicalid ? event->logicalid : "");
     switch (ces_order_add(p->order, &tmp, release_owner)) {
     case CES_ORDER_HELD:
         return 0;
@@ -222,7 +227,7 @@ static int add_event(ces_pipeline_t *p, const ces_source_t *source, const ces_ev
         p->stats.duplicates++;
         ces_log_debug("duplicate of an applied or held event skipped: %s[%d]@%lld (%s)",
                       source->topic, (int)source->partition, (long long)source->offset,
-                      event->logicalid);
+                      logicalid);
         return 0;
     case CES_ORDER_NOMEM:
         break;
@@ -608,16 +613,29 @@ bool ces_pipeline_pending(const ces_pipeline_t *p) {
     return s.dirty;
 }
 
+/* How long an open batch waits for more records before a pause in arrivals applies it. */
+static int64_t settle_ms(const ces_pipeline_t *p) {
+    return p->options.batch_max_ms < 20 ? p->options.batch_max_ms : 20;
+}
+
 int ces_pipeline_wait_ms(const ces_pipeline_t *p, int64_t now_ms, int max_ms) {
     /* Held transactions are released by time (the reorder window): look again soon. */
     if (p->order != NULL && ces_order_pending_events(p->order) > 0 && max_ms > 10)
         max_ms = 10;
     if (p->batch.count == 0)
         return max_ms;
-    int64_t left = p->batch_started_ms + p->options.batch_max_ms - now_ms;
-    if (left < 0)
+    /* A batch is applied when it is full, when it is batch_max_ms old, or when nothing more is
+     * waiting in librdkafka and it has been open for settle_ms: a steady trickle is applied within
+     * a few milliseconds, a backlog in full batches. */
+    int64_t age = now_ms - p->batch_started_ms;
+    int64_t left = (age < settle_ms(p) ? settle_ms(p) : p->options.batch_max_ms) - age;
+    if (left <= 0)
         return 0;
     return left < max_ms ? (int)left : max_ms;
+}
+
+bool ces_pipeline_settled(const ces_pipeline_t *p, int64_t now_ms) {
+    return p->batch.count == 0 || now_ms - p->batch_started_ms >= settle_ms(p);
 }
 
 /* The position a partition may store: the next record to read, held back by waiting segments. */

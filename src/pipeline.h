@@ -104,7 +104,9 @@ ces_pipeline_status_t ces_pipeline_tick(ces_pipeline_t *pipeline, int64_t now_ms
 bool ces_pipeline_due(const ces_pipeline_t *pipeline, int64_t now_ms);
 /* True when something waits to be applied or stored. */
 bool ces_pipeline_pending(const ces_pipeline_t *pipeline);
-/* Milliseconds until the batch is due, at most max_ms. */
+/* True when an open batch has waited long enough that a pause in arrivals should apply it. */
+bool ces_pipeline_settled(const ces_pipeline_t *pipeline, int64_t now_ms);
+/* How long to wait for the next record, at most max_ms. */
 int ces_pipeline_wait_ms(const ces_pipeline_t *pipeline, int64_t now_ms, int max_ms);
 
 /* Applies the batch and stores the positions it covers, in one PostgreSQL transaction. */

@@ -573,7 +573,7 @@ def _cfg_str(value):
 def make_config(db=None, broker=None, group="ces2pg-test", topics=("ces",),
                 properties=None, batch_max_events=None, batch_max_ms=50,
                 log_level="info", extra_config="", conninfo=None,
-                kafka_extra=(), apply_extra=()):
+                kafka_extra=(), apply_extra=(), http_listen=""):
     """Returns the text of a ces2pg config file.
 
     apply_extra: more lines of the apply section, e.g.
@@ -582,7 +582,9 @@ def make_config(db=None, broker=None, group="ces2pg-test", topics=("ces",),
     Sections are written only when they have content: no kafka section
     without a broker or kafka_extra (replay mode). kafka_extra: more lines
     of the kafka section, e.g. 'ssl_ca_file = "/path";' (with broker=None,
-    no brokers line: Event Hubs mode derives it). extra_config is appended
+    no brokers line: Event Hubs mode derives it). http_listen: the
+    http.listen value (default "": no HTTP server, so that daemons do not
+    compete for the default port; None leaves the key out). extra_config is appended
     verbatim; it must not repeat a section written here (libconfig rejects
     duplicates): use the keyword arguments for those.
     """
@@ -618,6 +620,8 @@ def make_config(db=None, broker=None, group="ces2pg-test", topics=("ces",),
         lines += ["apply = {"] + apply + ["};"]
     if log_level is not None:
         lines += [f"log = {{ level = {_cfg_str(log_level)}; }};"]
+    if http_listen is not None:
+        lines += [f"http = {{ listen = {_cfg_str(http_listen)}; }};"]
     text = "\n".join(lines) + "\n"
     if extra_config:
         text += extra_config.rstrip("\n") + "\n"

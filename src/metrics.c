@@ -1,0 +1,468 @@
+#include "metrics.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "map.h"
+
+#ifndef CES2PG_VERSION
+#define CES2PG_VERSION "0.0.0"
+#endif
+
+/* Upper bounds of the batch duration histogram, in seconds. */
+static const double batch_buckets[] = {0.001, 0.005, 0.01, 0.025, 0.05, 0.1,
+                                       0.25,  0.5,   1,    2.5,   5,    10};
+#define NBUCKETS (sizeof(batch_buckets) / sizeof(batch_buckets[0]))
+
+static const char *const class_names[CES_DL_NCLASSES] = {
+    "decode", "no_primary_key", "rejected_by_postgres", "segment_timeout", "reassembly_limit",
+    "type_conflict", "schema", "other"};
+
+/* Labels of ces_op_t (1..3). */
+static const char *const op_names[4] = {"unknown", "insert", "update", "delete"};
+
+typedef struct {
+    char *name; /* "schema.table" of the source, or "other" */
+    uint64_t applied[4]; /* by ces_op_t */
+} table_counts_t;
+
+typedef struct {
+    char *topic;
+    int32_t partition;
+    int64_t position, high;
+} partition_gauge_t;
+
+struct ces_metrics_s {
+    pthread_mutex_t lock;
+    /* Under lock. */
+    ces_map_t *by_name; /* name -> table_counts_t */
+    table_counts_t **tables;
+    size_t ntables, tables_cap;
+    table_counts_t *other; /* tables beyond CES_METRICS_MAX_TABLES */
+    uint64_t dead_letters[CES_DL_NCLASSES];
+    uint64_t buckets[NBUCKETS]; /* not cumulative; summed when rendered */
+    uint64_t batch_count;
+    double batch_seconds;
+    bool has_commit_time;
+    double last_commit_time; /* envelope time of the last applied event, seconds since the epoch */
+    double last_delay;       /* wall clock at its commit minus that */
+    ces_pipeline_stats_t stats;
+    partition_gauge_t *partitions;
+    size_t npartitions;
+    /* Lock-free. */
+    atomic_llong heartbeat_ms;
+    atomic_bool connected;
+    atomic_size_t assigned;
+};
+
+ces_metrics_t *ces_metrics_new(void) {
+    ces_metrics_t *m = calloc(1, sizeof(*m));
+    if (m == NULL)
+        return NULL;
+    if (pthread_mutex_init(&m->lock, NULL) != 0) {
+        free(m);
+        return NULL;
+    }
+    m->by_name = ces_map_new();
+    if (m->by_name == NULL) {
+        ces_metrics_destroy(m);
+        return NULL;
+    }
+    atomic_init(&m->heartbeat_ms, 0);
+    atomic_init(&m->connected, false);
+    atomic_init(&m->assigned, 0);
+    return m;
+}
+
+static void free_partitions(ces_metrics_t *m) {
+    for (size_t i = 0; i < m->npartitions; i++)
+        free(m->partitions[i].topic);
+    free(m->partitions);
+    m->partitions = NULL;
+    m->npartitions = 0;
+}
+
+void ces_metrics_destroy(ces_metrics_t *m) {
+    if (m == NULL)
+        return;
+    for (size_t i = 0; i < m->ntables; i++) {
+        free(m->tables[i]->name);
+        free(m->tables[i]);
+    }
+    free(m->tables);
+    if (m->other != NULL) {
+        free(m->other->name);
+        free(m->other);
+    }
+    free_partitions(m);
+    ces_map_destroy(m->by_name);
+    pthread_mutex_destroy(&m->lock);
+    free(m);
+}
+
+const char *ces_metrics_class_name(ces_dl_class_t cls) {
+    return cls < CES_DL_NCLASSES ? class_names[cls] : "other";
+}
+
+static bool starts_with(const char *s, const char *prefix) {
+    return strncmp(s, prefix, strlen(prefix)) == 0;
+}
+
+ces_dl_class_t ces_metrics_classify(const ces_item_t *item) {
+    const char *r = item->reason ? item->reason : "";
+    if (item->event.table == NULL) {
+        /* Made by the pipeline before anything was decoded into an event. */
+        if (starts_with(r, "segment group incomplete"))
+            return CES_DL_SEGMENT_TIMEOUT;
+        if (starts_with(r, "segment group ") || starts_with(r, "segments held for reassembly"))
+            return CES_DL_REASSEMBLY_LIMIT;
+        return CES_DL_DECODE;
+    }
+    /* A decoded event that the apply stage turned into a dead letter. */
+    if (starts_with(r, "type conflict"))
+        return CES_DL_TYPE_CONFLICT;
+    if (strstr(r, "has no primary key") != NULL)
+        return CES_DL_NO_PRIMARY_KEY;
+    if (starts_with(r, "PostgreSQL rejected"))
+        return CES_DL_REJECTED_BY_POSTGRES;
+    if (strstr(r, "target table") != NULL || strstr(r, "primary key column") != NULL)
+        return CES_DL_SCHEMA;
+    return CES_DL_OTHER;
+}
+
+int ces_metrics_parse_time(const char *text, double *seconds) {
+    struct tm tm;
+    memset(&tm, 0, sizeof(tm));
+    int n = 0;
+    if (text == NULL || sscanf(text, "%4d-%2d-%2dT%2d:%2d:%2d%n", &tm.tm_year, &tm.tm_mon,
+                               &tm.tm_mday, &tm.tm_hour, &tm.tm_min, &tm.tm_sec, &n) != 6 ||
+        n != 19)
+        return -1;
+    if (tm.tm_mon < 1 || tm.tm_mon > 12 || tm.tm_mday < 1 || tm.tm_mday > 31 || tm.tm_hour > 23 ||
+        tm.tm_min > 59 || tm.tm_sec > 60)
+        return -1;
+    tm.tm_year -= 1900;
+    tm.tm_mon -= 1;
+    const char *p = text + n;
+    double frac = 0, scale = 0.1;
+    if (*p == '.') {
+        p++;
+        if (*p < '0' || *p > '9')
+            return -1;
+        for (; *p >= '0' && *p <= '9'; p++, scale /= 10)
+            frac += (*p - '0') * scale;
+    }
+    long offset = 0;
+    if (*p == 'Z' || *p == 'z') {
+        p++;
+    } else if (*p == '+' || *p == '-') {
+        int hh, mm, k = 0;
+        if (sscanf(p + 1, "%2d:%2d%n", &hh, &mm, &k) != 2 || k != 5)
+            return -1;
+        offset = (*p == '+' ? 1 : -1) * (hh * 3600L + mm * 60L);
+        p += 6;
+    }
+    /* No zone at all: CES writes UTC. */
+    if (*p != '\0')
+        return -1;
+    time_t t = timegm(&tm);
+    if (t == (time_t)-1)
+        return -1;
+    *seconds = (double)t - (double)offset + frac;
+    return 0;
+}
+
+static table_counts_t *table_for(ces_metrics_t *m, const ces_event_t *ev) {
+    char name[512];
+    int n = snprintf(name, sizeof(name), "%s.%s", ev->schema ? ev->schema : "",
+                     ev->table ? ev->table : "");
+    size_t len = n < 0 ? 0 : (size_t)n >= sizeof(name) ? sizeof(name) - 1 : (size_t)n;
+    table_counts_t *t = ces_map_get(m->by_name, name, len);
+    if (t != NULL)
+        return t;
+    if (m->ntables >= CES_METRICS_MAX_TABLES)
+        goto other;
+    if (m->ntables == m->tables_cap) {
+        size_t cap = m->tables_cap ? m->tables_cap * 2 : 16;
+        table_counts_t **bigger = realloc(m->tables, cap * sizeof(*bigger));
+        if (bigger == NULL)
+            goto other;
+        m->tables = bigger;
+        m->tables_cap = cap;
+    }
+    t = calloc(1, sizeof(*t));
+    if (t == NULL || (t->name = strndup(name, len)) == NULL ||
+        ces_map_put(m->by_name, name, len, t) != 0) {
+        if (t != NULL)
+            free(t->name);
+        free(t);
+        goto other;
+    }
+    m->tables[m->ntables++] = t;
+    return t;
+other:
+    if (m->other == NULL) {
+        m->other = calloc(1, sizeof(*m->other));
+        if (m->other != NULL && (m->other->name = strdup("other")) == NULL) {
+            free(m->other);
+            m->other = NULL;
+        }
+    }
+    return m->other;
+}
+
+void ces_metrics_add_batch(ces_metrics_t *m, const ces_batch_t *batch, double seconds) {
+    /* The last event applied is the newest (batches are in commit order): parse its time once. */
+    const char *time_text = NULL;
+    for (size_t i = batch->count; i > 0 && time_text == NULL; i--) {
+        if (batch->items[i - 1].kind == CES_ITEM_EVENT)
+            time_text = batch->items[i - 1].event.time;
+    }
+    double commit_time = 0;
+    bool has_time = time_text != NULL && ces_metrics_parse_time(time_text, &commit_time) == 0;
+    struct timespec now;
+    clock_gettime(CLOCK_REALTIME, &now);
+
+    pthread_mutex_lock(&m->lock);
+    for (size_t i = 0; i < batch->count; i++) {
+        const ces_item_t *item = &batch->items[i];
+        if (item->kind == CES_ITEM_EVENT) {
+            table_counts_t *t = table_for(m, &item->event);
+            unsigned op = (unsigned)item->event.op;
+            if (t != NULL)
+                t->applied[op < 4 ? op : 0]++;
+        } else {
+            m->dead_letters[ces_metrics_classify(item)]++;
+        }
+    }
+    if (batch->count > 0 || batch->noffsets > 0) {
+        size_t b = 0;
+        while (b < NBUCKETS && seconds > batch_buckets[b])
+            b++;
+        if (b < NBUCKETS)
+            m->buckets[b]++;
+        m->batch_count++;
+        m->batch_seconds += seconds;
+    }
+    if (has_time) {
+        m->has_commit_time = true;
+        m->last_commit_time = commit_time;
+        m->last_delay = (double)now.tv_sec + (double)now.tv_nsec / 1e9 - commit_time;
+        if (m->last_delay < 0)
+            m->last_delay = 0; /* clocks of the source and here disagree */
+    }
+    pthread_mutex_unlock(&m->lock);
+}
+
+void ces_metrics_set_stats(ces_metrics_t *m, const ces_pipeline_stats_t *stats,
+                           const ces_metrics_partition_t *parts, size_t n) {
+    partition_gauge_t *copy = n ? calloc(n, sizeof(*copy)) : NULL;
+    size_t ncopy = 0;
+    for (size_t i = 0; copy != NULL && i < n; i++) {
+        copy[i].topic = strdup(parts[i].topic);
+        if (copy[i].topic == NULL)
+            break;
+        copy[i].partition = parts[i].partition;
+        copy[i].position = parts[i].position;
+        copy[i].high = parts[i].high;
+        ncopy++;
+    }
+    pthread_mutex_lock(&m->lock);
+    m->stats = *stats;
+    free_partitions(m);
+    m->partitions = copy;
+    m->npartitions = ncopy;
+    pthread_mutex_unlock(&m->lock);
+}
+
+void ces_metrics_heartbeat(ces_metrics_t *m, int64_t now_ms) {
+    atomic_store(&m->heartbeat_ms, (long long)now_ms);
+}
+
+void ces_metrics_set_connected(ces_metrics_t *m, bool connected) {
+    atomic_store(&m->connected, connected);
+}
+
+void ces_metrics_set_assigned(ces_metrics_t *m, size_t partitions) {
+    atomic_store(&m->assigned, partitions);
+}
+
+bool ces_metrics_alive(const ces_metrics_t *m, int64_t now_ms, int64_t max_age_ms) {
+    long long beat = atomic_load(&((ces_metrics_t *)m)->heartbeat_ms);
+    return beat > 0 && now_ms - beat <= max_age_ms;
+}
+
+bool ces_metrics_ready(const ces_metrics_t *m) {
+    ces_metrics_t *mm = (ces_metrics_t *)m;
+    return atomic_load(&mm->connected) && atomic_load(&mm->assigned) > 0;
+}
+
+static int64_t partition_lag(const partition_gauge_t *p) {
+    if (p->high < 0 || p->position < 0)
+        return -1;
+    return p->high > p->position ? p->high - p->position : 0;
+}
+
+void ces_metrics_summary(ces_metrics_t *m, ces_metrics_summary_t *s) {
+    memset(s, 0, sizeof(*s));
+    pthread_mutex_lock(&m->lock);
+    for (size_t i = 0; i < m->npartitions; i++) {
+        int64_t lag = partition_lag(&m->partitions[i]);
+        if (lag > 0)
+            s->lag += lag;
+    }
+    s->delay_seconds = m->has_commit_time ? m->last_delay : -1;
+    for (size_t i = 0; i < CES_DL_NCLASSES; i++)
+        s->dead_letters += m->dead_letters[i];
+    pthread_mutex_unlock(&m->lock);
+}
+
+/* A label value with \, " and newline escaped, as the text format wants. */
+static void put_label(FILE *out, const char *v) {
+    for (; *v != '\0'; v++) {
+        if (*v == '\\')
+            fputs("\\\\", out);
+        else if (*v == '"')
+            fputs("\\\"", out);
+        else if (*v == '\n')
+            fputs("\\n", out);
+        else
+            fputc(*v, out);
+    }
+}
+
+static void header(FILE *out, const char *name, const char *type, const char *help) {
+    fprintf(out, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+}
+
+static long process_rss_bytes(void) {
+    FILE *f = fopen("/proc/self/statm", "r");
+    long size = 0, resident = -1;
+    if (f == NULL)
+        return -1;
+    if (fscanf(f, "%ld %ld", &size, &resident) != 2)
+        resident = -1;
+    fclose(f);
+    return resident < 0 ? -1 : resident * sysconf(_SC_PAGESIZE);
+}
+
+int ces_metrics_render(ces_metrics_t *m, char **out_buf, size_t *out_len) {
+    *out_buf = NULL;
+    *out_len = 0;
+    FILE *out = open_memstream(out_buf, out_len);
+    if (out == NULL)
+        return -1;
+    long rss = process_rss_bytes();
+    struct timespec now;
+    clock_gettime(CLOCK_REALTIME, &now);
+
+    pthread_mutex_lock(&m->lock);
+    const ces_pipeline_stats_t *st = &m->stats;
+    header(out, "ces2pg_build_info", "gauge", "Version of the running ces2pg.");
+    fprintf(out, "ces2pg_build_info{version=\"%s\"} 1\n", CES2PG_VERSION);
+    header(out, "ces2pg_records_consumed_total", "counter",
+           "Kafka records read (events, segments and undecodable records).");
+    fprintf(out, "ces2pg_records_consumed_total %llu\n", (unsigned long long)st->records);
+    header(out, "ces2pg_events_consumed_total", "counter",
+           "Row change events decoded, by operation (before filtering and duplicate removal).");
+    for (int op = 1; op <= 3; op++)
+        fprintf(out, "ces2pg_events_consumed_total{op=\"%s\"} %llu\n", op_names[op],
+                (unsigned long long)st->events_consumed[op]);
+    header(out, "ces2pg_events_applied_total", "counter",
+           "Row change events committed to PostgreSQL, by operation and source table (at most "
+           "1000 tables by name, the rest as table=\"other\").");
+    for (size_t i = 0; i <= m->ntables; i++) {
+        const table_counts_t *t = i < m->ntables ? m->tables[i] : m->other;
+        if (t == NULL)
+            continue;
+        for (int op = 1; op <= 3; op++) {
+            fprintf(out, "ces2pg_events_applied_total{op=\"%s\",table=\"", op_names[op]);
+            put_label(out, t->name);
+            fprintf(out, "\"} %llu\n", (unsigned long long)t->applied[op]);
+        }
+    }
+    header(out, "ces2pg_events_duplicate_total", "counter",
+           "Resent events recognised and skipped before applying.");
+    fprintf(out, "ces2pg_events_duplicate_total %llu\n", (unsigned long long)st->duplicates);
+    header(out, "ces2pg_events_excluded_total", "counter",
+           "Events of tables left out by schema.include / schema.exclude.");
+    fprintf(out, "ces2pg_events_excluded_total %llu\n", (unsigned long long)st->excluded);
+    header(out, "ces2pg_dead_letters_total", "counter",
+           "Records and events written to the dead letter table, by reason.");
+    for (int c = 0; c < CES_DL_NCLASSES; c++)
+        fprintf(out, "ces2pg_dead_letters_total{reason=\"%s\"} %llu\n", class_names[c],
+                (unsigned long long)m->dead_letters[c]);
+    header(out, "ces2pg_batch_duration_seconds", "histogram",
+           "Time to apply one batch (one PostgreSQL transaction), retries included.");
+    uint64_t cumulative = 0;
+    for (size_t b = 0; b < NBUCKETS; b++) {
+        cumulative += m->buckets[b];
+        fprintf(out, "ces2pg_batch_duration_seconds_bucket{le=\"%g\"} %llu\n", batch_buckets[b],
+                (unsigned long long)cumulative);
+    }
+    fprintf(out, "ces2pg_batch_duration_seconds_bucket{le=\"+Inf\"} %llu\n",
+            (unsigned long long)m->batch_count);
+    fprintf(out, "ces2pg_batch_duration_seconds_sum %.6f\n", m->batch_seconds);
+    fprintf(out, "ces2pg_batch_duration_seconds_count %llu\n", (unsigned long long)m->batch_count);
+    header(out, "ces2pg_postgres_retries_total", "counter",
+           "Batches rolled back and retried after a transient PostgreSQL failure.");
+    fprintf(out, "ces2pg_postgres_retries_total %llu\n", (unsigned long long)st->retries);
+    header(out, "ces2pg_postgres_connected", "gauge", "1 while connected to PostgreSQL.");
+    fprintf(out, "ces2pg_postgres_connected %d\n", atomic_load(&m->connected) ? 1 : 0);
+    header(out, "ces2pg_partitions_assigned", "gauge", "Kafka partitions assigned to ces2pg.");
+    fprintf(out, "ces2pg_partitions_assigned %zu\n", atomic_load(&m->assigned));
+    header(out, "ces2pg_consumer_lag", "gauge",
+           "Records of a partition not yet applied: high watermark minus the position stored in "
+           "PostgreSQL.");
+    for (size_t i = 0; i < m->npartitions; i++) {
+        int64_t lag = partition_lag(&m->partitions[i]);
+        if (lag < 0)
+            continue;
+        fprintf(out, "ces2pg_consumer_lag{topic=\"");
+        put_label(out, m->partitions[i].topic);
+        fprintf(out, "\",partition=\"%d\"} %lld\n", (int)m->partitions[i].partition,
+                (long long)lag);
+    }
+    header(out, "ces2pg_pending_segment_groups", "gauge",
+           "Segment groups waiting for the rest of their event.");
+    fprintf(out, "ces2pg_pending_segment_groups %zu\n", st->pending_segments);
+    header(out, "ces2pg_pending_events", "gauge",
+           "Events held until their source transaction can be applied in order.");
+    fprintf(out, "ces2pg_pending_events %zu\n", st->pending_events);
+    header(out, "ces2pg_pending_transactions", "gauge",
+           "Source transactions held until they can be applied in order.");
+    fprintf(out, "ces2pg_pending_transactions %zu\n", st->pending_transactions);
+    header(out, "ces2pg_reassembly_bytes", "gauge",
+           "Bytes of segments held for reassembly (bounded by reassembly.max_bytes).");
+    fprintf(out, "ces2pg_reassembly_bytes %zu\n", st->pending_segment_bytes);
+    if (m->has_commit_time) {
+        header(out, "ces2pg_last_applied_commit_timestamp_seconds", "gauge",
+               "Source commit time (envelope time) of the last event applied, seconds since the "
+               "epoch.");
+        fprintf(out, "ces2pg_last_applied_commit_timestamp_seconds %.3f\n", m->last_commit_time);
+        header(out, "ces2pg_replication_delay_seconds", "gauge",
+               "Time from the source commit of the last applied event to its commit in "
+               "PostgreSQL.");
+        fprintf(out, "ces2pg_replication_delay_seconds %.3f\n", m->last_delay);
+    }
+    pthread_mutex_unlock(&m->lock);
+    if (rss >= 0) {
+        header(out, "ces2pg_process_resident_memory_bytes", "gauge",
+               "Resident memory of the ces2pg process.");
+        fprintf(out, "ces2pg_process_resident_memory_bytes %ld\n", rss);
+    }
+    header(out, "ces2pg_scrape_timestamp_seconds", "gauge", "When this page was made.");
+    fprintf(out, "ces2pg_scrape_timestamp_seconds %lld.%03ld\n", (long long)now.tv_sec,
+            now.tv_nsec / 1000000);
+    if (fclose(out) != 0 || *out_buf == NULL) {
+        free(*out_buf);
+        *out_buf = NULL;
+        return -1;
+    }
+    return 0;
+}

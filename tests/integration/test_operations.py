@@ -1,0 +1,643 @@
+"""Operations: /metrics, /healthz, /readyz, SIGHUP reload, SIGTERM during a
+batch and a second signal, sd_notify, secrets, PostgreSQL over TLS, the
+systemd unit's hardening and the compose file."""
+
+import contextlib
+import datetime
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import psycopg2
+import pytest
+
+from conftest import (
+    CES2PG,
+    PG_BINDIR,
+    ROOT,
+    PacedProducer,
+    Postgres,
+    assert_tables_match,
+    child_env,
+    dead_letters,
+    example_record,
+    free_port,
+    generate,
+    make_config,
+    read_offsets,
+    read_records,
+    stream_partitions,
+    wait_applied,
+    wait_until,
+    write_config,
+)
+
+GROUP = "ces2pg-test"
+
+
+# --------------------------------------------------------------------------
+# helpers
+# --------------------------------------------------------------------------
+
+
+def http_get(url, timeout=5):
+    """(status, body) of a GET; (None, error) when nothing answers."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+    except (urllib.error.URLError, ConnectionError, socket.timeout) as e:
+        return None, str(e)
+
+
+_SAMPLE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})? (\S+)$')
+_LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
+
+
+def parse_metrics(text):
+    """{(name, frozenset(labels)): value}; checks every line is well formed."""
+    samples = {}
+    typed = set()
+    for line in text.splitlines():
+        if line.startswith("# TYPE "):
+            typed.add(line.split()[2])
+            continue
+        if line.startswith("#") or not line:
+            continue
+        m = _SAMPLE.match(line)
+        assert m, f"malformed metrics line: {line!r}"
+        name, labels, value = m.groups()
+        base = re.sub(r"_(bucket|sum|count)$", "", name)
+        assert name in typed or base in typed, f"{name} has no # TYPE"
+        key = (name, frozenset(_LABEL.findall(labels or "")))
+        assert key not in samples, f"duplicate sample {line!r}"
+        samples[key] = float(value)
+    return samples
+
+
+def metric(samples, name, **labels):
+    return samples.get((name, frozenset(labels.items())))
+
+
+def metric_sum(samples, name, **labels):
+    """Sum over every sample of name whose labels include labels."""
+    want = set(labels.items())
+    return sum(v for (n, ls), v in samples.items() if n == name and want <= ls)
+
+
+def scrape(port):
+    status, body = http_get(f"http://127.0.0.1:{port}/metrics")
+    assert status == 200, f"/metrics: {status} {body}"
+    return parse_metrics(body)
+
+
+def record_facts(record):
+    """(op, "schema.table") of a current-format JSON record."""
+    env = json.loads(record)
+    src = json.loads(env["data"])["eventsource"]
+    return env["operation"], f'{src["schema"]}.{src["tbl"]}'
+
+
+OPS = {"INS": "insert", "UPD": "update", "DEL": "delete"}
+
+
+def pg_start_again(server):
+    """Starts a stopped session server on its old port (like restart())."""
+    r = server._run(
+        [str(PG_BINDIR / "pg_ctl"), "start", "-w", "-t", "60", "-D",
+         str(server.pgdata), "-l", str(server.log_path), "-o", f"-p {server.port}"],
+        timeout=90)
+    assert r.returncode == 0, r.stdout + r.stderr
+    server.started = True
+
+
+# --------------------------------------------------------------------------
+# /metrics, /healthz, /readyz
+# --------------------------------------------------------------------------
+
+
+def test_metrics_count_a_known_stream(tmp_path, db, broker, ces2pg):
+    b = broker(partitions=1)
+    expect = generate(tmp_path, seed=8080, events=400, tables=3, fmt="current")
+    records = read_records(expect["_out"])
+    assert len(records) == expect["events"], "no segmented events expected"
+    garbage = [b"not json at all", b'{"specversion": "1.0"}', b"\x00\x01binary"]
+    port = free_port()
+    daemon = ces2pg(db, b, group=GROUP, http_listen=f"127.0.0.1:{port}")
+    b.produce("ces", records[:200] + garbage + records[200:], partition=0)
+    wait_applied(db, GROUP, {0: len(records) + len(garbage)}, daemons=[daemon])
+    assert_tables_match(db, expect)
+
+    want = {}
+    for r in records:
+        op, table = record_facts(r)
+        want[(OPS[op], table)] = want.get((OPS[op], table), 0) + 1
+
+    def settled():  # gauges are published every 100 ms
+        s = scrape(port)
+        return s if metric(s, "ces2pg_records_consumed_total") == len(
+            records) + len(garbage) else None
+
+    s = wait_until(settled, 10, message="records_consumed_total settles")
+    for (op, table), n in want.items():
+        assert metric(s, "ces2pg_events_applied_total", op=op, table=table) == n, (
+            op, table)
+    assert metric_sum(s, "ces2pg_events_applied_total") == len(records)
+    for op in ("insert", "update", "delete"):
+        assert metric(s, "ces2pg_events_consumed_total", op=op) == sum(
+            n for (o, _), n in want.items() if o == op)
+    assert metric(s, "ces2pg_dead_letters_total", reason="decode") == 3
+    assert metric_sum(s, "ces2pg_dead_letters_total") == 3
+    assert len(dead_letters(db)) == 3
+    batches = metric(s, "ces2pg_batch_duration_seconds_count")
+    assert batches >= 1
+    assert metric(s, "ces2pg_batch_duration_seconds_bucket", le="+Inf") == batches
+    assert metric(s, "ces2pg_consumer_lag", topic="ces", partition="0") == 0
+    assert metric(s, "ces2pg_postgres_connected") == 1
+    assert metric(s, "ces2pg_partitions_assigned") == 1
+    assert metric(s, "ces2pg_process_resident_memory_bytes") > 1e6
+    assert metric(s, "ces2pg_pending_events") == 0
+    # The commit time of the last event applied is that of the last record.
+    last = json.loads(records[-1])["time"]
+    when = datetime.datetime.fromisoformat(last.replace("Z", "+00:00"))
+    assert metric(s, "ces2pg_last_applied_commit_timestamp_seconds") == pytest.approx(
+        when.timestamp(), abs=0.001)
+    delay = metric(s, "ces2pg_replication_delay_seconds")
+    assert delay == pytest.approx(time.time() - when.timestamp(), abs=60)
+    assert http_get(f"http://127.0.0.1:{port}/healthz")[0] == 200
+    assert http_get(f"http://127.0.0.1:{port}/readyz")[0] == 200
+    assert http_get(f"http://127.0.0.1:{port}/nothing")[0] == 404
+    assert daemon.terminate() == 0
+
+
+def test_readyz_follows_postgres(tmp_path, pg, db, broker, ces2pg):
+    b = broker(partitions=1)
+    port = free_port()
+    daemon = ces2pg(db, b, group=GROUP, http_listen=f"127.0.0.1:{port}")
+    ready = f"http://127.0.0.1:{port}/readyz"
+    wait_until(lambda: http_get(ready)[0] == 200, 30, message="/readyz 200")
+    pg.stop()
+    try:
+        wait_until(lambda: http_get(ready)[0] == 503, 30,
+                   message="/readyz 503 while PostgreSQL is down")
+        # Still alive: the loop turns while PostgreSQL is away.
+        assert http_get(f"http://127.0.0.1:{port}/healthz")[0] == 200
+    finally:
+        pg_start_again(pg)
+    wait_until(lambda: http_get(ready)[0] == 200, 30,
+               message="/readyz 200 once PostgreSQL is back")
+    # And it applies again.
+    b.produce("ces", [example_record("current-insert")], partition=0)
+    wait_applied(db, GROUP, {0: 1}, daemons=[daemon])
+    assert daemon.terminate() == 0
+
+
+# --------------------------------------------------------------------------
+# signals
+# --------------------------------------------------------------------------
+
+
+def test_sighup_reloads_log_level_and_format(tmp_path, db, broker, ces2pg):
+    b = broker(partitions=1)
+    daemon = ces2pg(db, b, group=GROUP, log_level="info")
+    daemon.wait_log(r"assigned 1 partition")
+    rec = example_record("current-insert")
+    b.produce("ces", [rec, rec], partition=0)  # the second is a duplicate
+    wait_applied(db, GROUP, {0: 2}, daemons=[daemon])
+    assert "DEBUG" not in daemon.log()
+
+    # An invalid file changes nothing.
+    good = daemon.config_path.read_text()
+    daemon.config_path.write_text(good + "\nlog = { level = \"loud\"; };\n")
+    daemon.proc.send_signal(signal.SIGHUP)
+    daemon.wait_log(r"reload failed, the running configuration stays")
+    daemon.check_alive()
+
+    daemon.config_path.write_text(good.replace(
+        'log = { level = "info"; };',
+        'log = { level = "debug"; format = "json"; };'))
+    daemon.proc.send_signal(signal.SIGHUP)
+    daemon.wait_log(r"configuration reloaded \(log level debug\)")
+    b.produce("ces", [rec], partition=0)  # another duplicate: a debug line
+    wait_applied(db, GROUP, {0: 3}, daemons=[daemon])
+    daemon.wait_log(r'"level":"debug","message":"duplicate of an applied')
+    tail = daemon.log().split("configuration reloaded", 1)[1].splitlines()[1:]
+    for line in tail:  # everything after the reload is one JSON object
+        if line.strip() and not line.startswith(("==", "kafka")):
+            obj = json.loads(line)
+            assert set(obj) == {"time", "level", "message"}, obj
+    assert daemon.terminate() == 0
+
+
+def test_sigterm_during_large_batch_loses_and_doubles_nothing(
+        tmp_path, db, broker, ces2pg):
+    b = broker(partitions=2)
+    expect = generate(tmp_path, seed=31337, events=12000, tables=3)
+    records = read_records(expect["_out"])
+    parts = stream_partitions(records, 2, "table")
+    daemon = ces2pg(db, b, group=GROUP, batch_max_events=5000,
+                    batch_max_ms=2000)
+    producer = PacedProducer(b, db, GROUP, "ces", records, parts).start()
+    try:
+        wait_until(lambda: sum(read_offsets(db, GROUP).values()) > 0, 60,
+                   message="a first batch committed")
+        t0 = time.monotonic()
+        assert daemon.terminate(timeout=60) == 0
+        assert time.monotonic() - t0 < 30, "the stop took too long"
+        assert "stopping: applying what is complete" in daemon.log()
+        again = ces2pg(db, b, group=GROUP, batch_max_events=5000,
+                       batch_max_ms=200)
+        producer.finish(timeout=180, daemons=[again])
+    finally:
+        producer.stop()
+    wait_applied(db, GROUP, producer.counts, timeout=120, daemons=[again])
+    assert_tables_match(db, expect)
+    assert dead_letters(db) == []
+    assert again.terminate() == 0
+
+
+@contextlib.contextmanager
+def table_locked(db, table):
+    """Holds an ACCESS EXCLUSIVE lock on table in an open transaction."""
+    conn = db.connect()
+    conn.autocommit = False
+    try:
+        with conn.cursor() as cur:
+            cur.execute(f"LOCK TABLE {table} IN ACCESS EXCLUSIVE MODE")
+        yield
+    finally:
+        conn.rollback()
+        conn.close()
+
+
+def waiting_on_lock(db):
+    return db.scalar(
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+        "AND wait_event_type = 'Lock'") > 0
+
+
+@pytest.mark.parametrize("second_signal", [False, True])
+def test_stop_while_a_batch_waits(tmp_path, db, broker, ces2pg, second_signal):
+    """First SIGTERM: the batch in PostgreSQL is finished, then exit 0. A
+    second SIGTERM ends the process at once."""
+    b = broker(partitions=1)
+    daemon = ces2pg(db, b, group=GROUP)
+    b.produce("ces", [example_record("current-insert")], partition=0)
+    wait_applied(db, GROUP, {0: 1}, daemons=[daemon])
+    with table_locked(db, "dbo.employees"):
+        b.produce("ces", [example_record("current-update")], partition=0)
+        wait_until(lambda: waiting_on_lock(db), 30,
+                   message="the batch waits for the lock")
+        daemon.proc.send_signal(signal.SIGTERM)
+        daemon.wait_log(r"stop requested: finishing the current batch")
+        if second_signal:
+            # The first signal waits for the batch; the second does not.
+            daemon.proc.send_signal(signal.SIGTERM)
+            assert daemon.wait(10) == -signal.SIGTERM
+            return
+        assert daemon.alive(), "exited before its batch was done"
+    # The lock is gone: the batch commits, then the daemon stops.
+    assert daemon.wait(30) == 0
+    assert "stopping: applying what is complete" in daemon.log()
+    assert read_offsets(db, GROUP) == {0: 2}
+    assert db.scalar("SELECT lastname FROM dbo.employees") == "Nikolic-Smith"
+
+
+# --------------------------------------------------------------------------
+# sd_notify
+# --------------------------------------------------------------------------
+
+
+class NotifySocket:
+    """A Unix datagram socket collecting sd_notify messages."""
+
+    def __init__(self, path):
+        self.path = str(path)
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.sock.bind(self.path)
+        self.sock.settimeout(0.1)
+        self.messages = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self):
+        while not self._stop.is_set():
+            try:
+                data = self.sock.recv(65536)
+            except socket.timeout:
+                continue
+            except OSError:
+                return
+            self.messages.extend(data.decode().split("\n"))
+
+    def wait_for(self, line, after=0, timeout=30):
+        """Waits for a message equal to line (or matching it, a compiled
+        regex) after index after; returns the index after it."""
+        def found():
+            for i, m in enumerate(self.messages[after:], after):
+                if (m == line if isinstance(line, str) else line.search(m)):
+                    return i + 1
+            return None
+        return wait_until(found, timeout, message=lambda: f"{line!r} in "
+                          f"{self.messages[-20:]}")
+
+    def close(self):
+        self._stop.set()
+        self._thread.join(5)
+        self.sock.close()
+
+
+def test_sd_notify_messages(tmp_path, db, broker, ces2pg, monkeypatch):
+    b = broker(partitions=1)
+    ns = NotifySocket(tmp_path / "notify.sock")
+    try:
+        monkeypatch.setenv("NOTIFY_SOCKET", ns.path)
+        monkeypatch.setenv("WATCHDOG_USEC", "1000000")
+        daemon = ces2pg(db, b, group=GROUP)
+        monkeypatch.delenv("NOTIFY_SOCKET")
+        monkeypatch.delenv("WATCHDOG_USEC")
+        i = ns.wait_for("READY=1")
+        assert "ready: PostgreSQL connected, consumer group joined" in daemon.log()
+        # Watchdog pings every half period.
+        j = ns.wait_for("WATCHDOG=1", after=i, timeout=5)
+        ns.wait_for("WATCHDOG=1", after=j, timeout=5)
+        daemon.proc.send_signal(signal.SIGHUP)
+        k = ns.wait_for("RELOADING=1", after=i)
+        k = ns.wait_for("READY=1", after=k)
+        b.produce("ces", [example_record("current-insert")], partition=0)
+        wait_applied(db, GROUP, {0: 1}, daemons=[daemon])
+        assert daemon.terminate() == 0
+        ns.wait_for("STOPPING=1", after=k, timeout=5)
+        assert any(m.startswith("STATUS=") for m in ns.messages), ns.messages
+    finally:
+        ns.close()
+
+
+def test_status_line_carries_progress(tmp_path, db, broker, ces2pg,
+                                      monkeypatch):
+    b = broker(partitions=1)
+    ns = NotifySocket(tmp_path / "notify.sock")
+    try:
+        monkeypatch.setenv("NOTIFY_SOCKET", ns.path)
+        daemon = ces2pg(db, b, group=GROUP)
+        monkeypatch.delenv("NOTIFY_SOCKET")
+        daemon.wait_log(r"ready: PostgreSQL connected")  # signals handled by now
+        cfg = daemon.config_path.read_text().replace(
+            'log = { level = "info"; };',
+            'log = { level = "info"; progress_interval = 1; };')
+        daemon.config_path.write_text(cfg)
+        daemon.proc.send_signal(signal.SIGHUP)
+        daemon.wait_log(r"reload: log.progress_interval changed")
+        b.produce("ces", [example_record("current-insert")], partition=0)
+        wait_applied(db, GROUP, {0: 1}, daemons=[daemon])
+        m = daemon.wait_log(r"progress: .*events/s.*lag (\d+) records, delay .*"
+                            r"1 events applied, 0 dead letters")
+        assert m.group(1) == "0"
+        ns.wait_for(re.compile(r"^STATUS=.*events/s.*1 events applied"))
+        assert daemon.terminate() == 0
+    finally:
+        ns.close()
+
+
+# --------------------------------------------------------------------------
+# secrets and PostgreSQL over TLS
+# --------------------------------------------------------------------------
+
+PG_PASSWORD = "pw-Zq8sX3-never-in-a-log"
+KAFKA_SECRET = "kafka-Yw2-never-in-a-log"
+
+
+def _openssl(*args, cwd):
+    subprocess.run(["openssl", *args], cwd=cwd, check=True,
+                   capture_output=True)
+
+
+def make_ca(directory, name):
+    _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
+             "-subj", f"/CN={name}", "-keyout", f"{name}.key", "-out",
+             f"{name}.crt", cwd=directory)
+
+
+@pytest.fixture(scope="module")
+def tls_pg(tmp_path_factory):
+    """A separate PostgreSQL with ssl=on, a server certificate for
+    127.0.0.1 from a test CA, and only scram-sha-256 logins over TLS."""
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl is not installed")
+    server = Postgres()
+    try:
+        server.initdb()
+        d = server.dir
+        make_ca(d, "test-ca")
+        make_ca(d, "other-ca")
+        (d / "san.cnf").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
+        _openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=127.0.0.1",
+                 "-keyout", "server.key", "-out", "server.csr", cwd=d)
+        _openssl("x509", "-req", "-in", "server.csr", "-CA", "test-ca.crt",
+                 "-CAkey", "test-ca.key", "-CAcreateserial", "-days", "2",
+                 "-extfile", "san.cnf", "-out", "server.crt", cwd=d)
+        for f in ("server.key", "server.crt"):
+            if server.run_as:
+                os.chown(d / f, server.run_as.pw_uid, server.run_as.pw_gid)
+            os.chmod(d / f, 0o600)
+        with open(server.pgdata / "postgresql.conf", "a") as f:
+            f.write(f"ssl = on\nssl_cert_file = '{d}/server.crt'\n"
+                    f"ssl_key_file = '{d}/server.key'\n"
+                    "password_encryption = 'scram-sha-256'\n")
+        server.start()
+        server.sql(f"CREATE ROLE app LOGIN SUPERUSER PASSWORD '{PG_PASSWORD}'")
+        server.sql("CREATE DATABASE app OWNER app")
+        # From now on only TLS with a password (the harness's own session is
+        # made before; a reload applies the new rules).
+        (server.pgdata / "pg_hba.conf").write_text(
+            "local all postgres trust\n"
+            "hostssl all all 127.0.0.1/32 scram-sha-256\n")
+        server.sql("SELECT pg_reload_conf()")
+        yield server
+    finally:
+        server.cleanup()
+
+
+def tls_conninfo(server, ca, **extra):
+    parts = [f"host=127.0.0.1 port={server.port} dbname=app user=app "
+             f"sslmode=verify-full sslrootcert={server.dir / ca}"]
+    parts += [f"{k}={v}" for k, v in extra.items()]
+    return " ".join(parts)
+
+
+def secret_free(text, *secrets):
+    for s in secrets:
+        assert s not in text, "a secret appears in the log"
+
+
+def test_tls_verify_full_with_password_file_and_env(
+        tmp_path, tls_pg, broker, ces2pg, monkeypatch):
+    b = broker(partitions=1)
+    creds = tmp_path / "credentials"
+    creds.mkdir()
+    (creds / "pg-password").write_text(PG_PASSWORD + "\n")
+    # The port comes from the environment; the password file from systemd's
+    # credentials directory (a relative path is looked up there).
+    monkeypatch.setenv("CES_TEST_PG_PORT", str(tls_pg.port))
+    monkeypatch.setenv("CREDENTIALS_DIRECTORY", str(creds))
+    conninfo = tls_conninfo(tls_pg, "test-ca.crt").replace(
+        f"port={tls_pg.port}", "port=${CES_TEST_PG_PORT}")
+
+    port = free_port()
+    text = make_config(
+        None, b, group=GROUP, log_level="debug", conninfo=conninfo,
+        properties=("fetch.wait.max.ms=50", "session.timeout.ms=4000",
+                    "heartbeat.interval.ms=500", "debug=conf,security,generic",
+                    # A credential property (unused on PLAINTEXT): librdkafka's
+                    # configuration dump must not show it either.
+                    f"sasl.password={KAFKA_SECRET}"),
+        http_listen=f"127.0.0.1:{port}")
+    text = text.replace('conninfo = ', 'password_file = "pg-password";\n  conninfo = ')
+    cfg = write_config(tmp_path, text, name="tls.conf")
+    rc, out, err = _run(["--check-config", "-c", cfg])
+    assert rc == 0, err
+    secret_free(out + err, PG_PASSWORD)
+    from conftest import Daemon
+    daemon = Daemon(cfg, tmp_path / "tls.log", tmp_path)
+    try:
+        monkeypatch.delenv("CES_TEST_PG_PORT")
+        daemon.wait_log(r"connected to PostgreSQL")
+        b.produce("ces", [example_record("current-insert")], partition=0)
+
+        def applied():
+            with contextlib.closing(psycopg2.connect(
+                    tls_conninfo(tls_pg, "test-ca.crt", password=PG_PASSWORD))) as c:
+                with c.cursor() as cur:
+                    cur.execute("SELECT to_regclass('dbo.employees') IS NOT NULL")
+                    if not cur.fetchone()[0]:
+                        return False
+                    cur.execute("SELECT count(*) FROM dbo.employees")
+                    return cur.fetchone()[0] == 1
+        wait_until(applied, 60, message="the record applied over TLS")
+        wait_until(lambda: http_get(f"http://127.0.0.1:{port}/readyz")[0] == 200,
+                   30, message="/readyz 200")
+        assert daemon.terminate() == 0
+    finally:
+        if daemon.alive():
+            daemon.kill9()
+    secret_free(daemon.log(), PG_PASSWORD, KAFKA_SECRET)
+    # librdkafka's configuration dump was there (and redacted its password).
+    assert re.search(r"kafka: CONF: .*sasl\.password", daemon.log())
+
+
+def _run(args, env=None, timeout=60):
+    r = subprocess.run([str(CES2PG)] + [str(a) for a in args],
+                       capture_output=True, timeout=timeout,
+                       env=env or child_env(), stdin=subprocess.DEVNULL)
+    return (r.returncode, r.stdout.decode("utf-8", "replace"),
+            r.stderr.decode("utf-8", "replace"))
+
+
+@pytest.mark.parametrize("case", ["wrong_ca", "wrong_password"])
+def test_tls_failures_stop_with_a_clear_error(tmp_path, tls_pg, broker, case):
+    b = broker(partitions=1)
+    pw = tmp_path / "pw"
+    pw.write_text(PG_PASSWORD if case == "wrong_ca" else "not-the-" + PG_PASSWORD)
+    ca = "other-ca.crt" if case == "wrong_ca" else "test-ca.crt"
+    text = make_config(None, b, group=GROUP, log_level="debug",
+                       conninfo=tls_conninfo(tls_pg, ca))
+    text = text.replace('conninfo = ', f'password_file = "{pw}";\n  conninfo = ')
+    cfg = write_config(tmp_path, text, name=f"{case}.conf")
+    rc, out, err = _run(["-c", cfg], timeout=60)
+    assert rc == 1, (rc, err)
+    expected = ("certificate verify failed" if case == "wrong_ca"
+                else "password authentication failed")
+    assert expected in err, err
+    secret_free(out + err, PG_PASSWORD)
+
+
+def test_unset_environment_variable_is_a_config_error(tmp_path, db):
+    text = make_config(db, None, conninfo="host=127.0.0.1 password=${CES_NO_SUCH_VAR_X}")
+    cfg = write_config(tmp_path, text, name="env.conf")
+    env = child_env()
+    env.pop("CES_NO_SUCH_VAR_X", None)
+    rc, _, err = _run(["--check-config", "-c", cfg], env=env)
+    assert rc == 78
+    m = re.search(r"env\.conf:(\d+): postgres\.conninfo: environment variable "
+                  r"CES_NO_SUCH_VAR_X is not set", err)
+    assert m, err
+    line = cfg.read_text().splitlines()[int(m.group(1)) - 1]
+    assert "conninfo" in line
+
+
+# --------------------------------------------------------------------------
+# packaging: the systemd unit and the compose file
+# --------------------------------------------------------------------------
+
+UNIT = ROOT / "systemd" / "ces2pg.service"
+
+
+def test_systemd_unit_exposure_is_at_most_2():
+    if shutil.which("systemd-analyze") is None:
+        pytest.skip("systemd-analyze is not installed (Debian: systemd)")
+    r = subprocess.run(["systemd-analyze", "security", "--offline=true",
+                        "--no-pager", str(UNIT)], capture_output=True,
+                       text=True, timeout=60)
+    out = r.stdout + r.stderr
+    m = re.search(r"Overall exposure level for \S+: (\d+\.\d+)", out)
+    assert m, out
+    assert float(m.group(1)) <= 2.0, out
+
+
+def test_systemd_unit_essentials():
+    text = UNIT.read_text()
+    for line in ("Type=notify", "RestartPreventExitStatus=78",
+                 "NotifyAccess=main", "ExecReload=/bin/kill -HUP $MAINPID"):
+        assert re.search(rf"^{re.escape(line)}$", text, re.M), line
+    assert re.search(r"^WatchdogSec=\d+", text, re.M)
+    assert re.search(r"^LoadCredential=\S+:\S+", text, re.M)
+
+
+def test_compose_file_is_valid(tmp_path):
+    compose = ROOT / "docker" / "compose.yaml"
+    yaml = pytest.importorskip("yaml")
+    spec = yaml.safe_load(compose.read_text())
+    services = spec["services"]
+    assert set(services) == {"postgres", "kafka", "ces2pg", "ces-gen"}
+    assert services["kafka"]["image"].startswith("apache/kafka:")
+    assert "broker,controller" in services["kafka"]["environment"][
+        "KAFKA_PROCESS_ROLES"]
+    assert services["ces-gen"]["restart"] == "no"
+    for name, svc in services.items():
+        for dep in svc.get("depends_on", {}):
+            assert dep in services, (name, dep)
+        for vol in svc.get("volumes", []):
+            src = vol.split(":", 1)[0]
+            assert (compose.parent / src).exists(), vol
+    for secret in spec.get("secrets", {}).values():
+        assert (compose.parent / secret["file"]).exists(), secret
+    # The configuration it mounts is one ces2pg accepts.
+    creds = tmp_path / "secrets"
+    creds.mkdir()
+    shutil.copy(compose.parent / "demo-pg-password.txt", creds / "pg-password")
+    env = child_env()
+    env["CREDENTIALS_DIRECTORY"] = str(creds)
+    rc, out, err = _run(["--check-config", "-c",
+                         compose.parent / "ces2pg.compose.conf"], env=env)
+    assert rc == 0, err
+    assert "ces2pg-demo-only" not in out + err
+    r = subprocess.run(["docker", "compose", "version"], capture_output=True,
+                       text=True)
+    if r.returncode != 0:
+        pytest.skip("docker compose is not available (only the structure "
+                    "was checked)")
+    r = subprocess.run(["docker", "compose", "-f", str(compose), "config",
+                        "--quiet"], capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr

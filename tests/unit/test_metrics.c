@@ -1,0 +1,168 @@
+/* metrics: envelope times, dead-letter classes, the Prometheus page and its bounded labels;
+ * configuration: ${ENV} references, secret files and $CREDENTIALS_DIRECTORY. */
+#include "test_util.h"
+
+#include <unistd.h>
+
+#include "config.h"
+#include "metrics.h"
+
+static void parses_envelope_times(void **state) {
+    (void)state;
+    double t;
+    assert_int_equal(ces_metrics_parse_time("2025-03-14T16:51:39.613Z", &t), 0);
+    assert_true(t > 1741971099.612 && t < 1741971099.614);
+    assert_int_equal(ces_metrics_parse_time("2025-03-14T16:51:39Z", &t), 0);
+    assert_true(t == 1741971099.0);
+    assert_int_equal(ces_metrics_parse_time("2025-03-14T18:51:39.5+02:00", &t), 0);
+    assert_true(t == 1741971099.5);
+    assert_int_equal(ces_metrics_parse_time("2025-03-14T16:51:39.1234567", &t), 0);
+    static const char *const bad[] = {"", "2025-03-14", "2025-13-14T16:51:39Z",
+                                      "2025-03-14T16:51:39.Z", "2025-03-14T16:51:39Zjunk",
+                                      "2025-03-14 16:51:39Z", "2025-03-14T16:51:39+0200"};
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
+        assert_int_equal(ces_metrics_parse_time(bad[i], &t), -1);
+    assert_int_equal(ces_metrics_parse_time(NULL, &t), -1);
+}
+
+static ces_item_t dead(const char *reason, const char *table) {
+    ces_item_t item;
+    memset(&item, 0, sizeof(item));
+    item.kind = CES_ITEM_DEAD_LETTER;
+    item.reason = reason;
+    item.event.table = table;
+    return item;
+}
+
+static void classifies_dead_letters(void **state) {
+    (void)state;
+    static const struct {
+        const char *reason;
+        const char *table;
+        ces_dl_class_t cls;
+    } cases[] = {
+        {"record is not JSON (no '{')", NULL, CES_DL_DECODE},
+        {"segment group incomplete after 300000 ms (reassembly.timeout_ms)", NULL,
+         CES_DL_SEGMENT_TIMEOUT},
+        {"segment group x has more than 4096 segments (reassembly.max_segments)", NULL,
+         CES_DL_REASSEMBLY_LIMIT},
+        {"table has no primary key (ces2pg applies changes by primary key)", "t",
+         CES_DL_NO_PRIMARY_KEY},
+        {"PostgreSQL rejected the change: value too long (SQLSTATE 22001)", "t",
+         CES_DL_REJECTED_BY_POSTGRES},
+        {"type conflict: source column 'a' is nvarchar(10)", "t", CES_DL_TYPE_CONFLICT},
+        {"target table does not exist and schema.auto_create is off", "t", CES_DL_SCHEMA},
+        {"something new", "t", CES_DL_OTHER},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        ces_item_t item = dead(cases[i].reason, cases[i].table);
+        assert_int_equal(ces_metrics_classify(&item), cases[i].cls);
+    }
+}
+
+/* Tables beyond the cap count as "other"; label values are escaped. */
+static void renders_bounded_labels(void **state) {
+    (void)state;
+    ces_metrics_t *m = ces_metrics_new();
+    assert_non_null(m);
+    enum { N = CES_METRICS_MAX_TABLES + 5 };
+    ces_batch_t batch = {0};
+    static char names[N][16];
+    for (int i = 0; i < N; i++) {
+        ces_item_t *item = ces_batch_add(&batch);
+        assert_non_null(item);
+        item->kind = CES_ITEM_EVENT;
+        item->event.op = CES_OP_INSERT;
+        item->event.schema = "dbo";
+        snprintf(names[i], sizeof(names[i]), i == 0 ? "q\"t\\x" : "t%d", i);
+        item->event.table = names[i];
+        item->event.time = "2025-03-14T16:51:39.613Z";
+    }
+    ces_item_t *dl = ces_batch_add(&batch);
+    *dl = dead("not JSON", NULL);
+    ces_metrics_add_batch(m, &batch, 0.02);
+    char *page;
+    size_t len;
+    assert_int_equal(ces_metrics_render(m, &page, &len), 0);
+    assert_non_null(strstr(page, "ces2pg_events_applied_total{op=\"insert\",table=\"dbo.q\\\"t\\\\x\"} 1\n"));
+    assert_non_null(strstr(page, "ces2pg_events_applied_total{op=\"insert\",table=\"other\"} 5\n"));
+    assert_null(strstr(page, "table=\"dbo.t1004\""));
+    assert_non_null(strstr(page, "ces2pg_dead_letters_total{reason=\"decode\"} 1\n"));
+    assert_non_null(strstr(page, "ces2pg_batch_duration_seconds_bucket{le=\"0.025\"} 1\n"));
+    assert_non_null(strstr(page, "ces2pg_batch_duration_seconds_bucket{le=\"0.01\"} 0\n"));
+    assert_non_null(strstr(page, "ces2pg_last_applied_commit_timestamp_seconds 1741971099.613\n"));
+    free(page);
+    free(batch.items);
+    free(batch.offsets);
+    ces_metrics_destroy(m);
+}
+
+static char path[64];
+
+static void write_file(char *name, const char *text) {
+    int fd = mkstemp(name);
+    assert_true(fd >= 0);
+    assert_int_equal(write(fd, text, strlen(text)), (ssize_t)strlen(text));
+    close(fd);
+}
+
+static void expands_environment_and_reads_secrets(void **state) {
+    (void)state;
+    char dir[] = "/tmp/ces2pg-creds-XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    char secret[128];
+    snprintf(secret, sizeof(secret), "%s/pg-password", dir);
+    FILE *f = fopen(secret, "w");
+    assert_non_null(f);
+    fputs("  s3cret-pw \n", f);
+    fclose(f);
+    setenv("CREDENTIALS_DIRECTORY", dir, 1);
+    setenv("CES_TEST_HOST", "db.example", 1);
+    strcpy(path, "/tmp/ces2pg-test-XXXXXX");
+    write_file(path, "postgres = { conninfo = \"host=${CES_TEST_HOST} port=$5 dbname=x\";\n"
+                     "  password_file = \"pg-password\"; };\n");
+    ces_config_t *c = NULL;
+    char err[512];
+    assert_int_equal(ces_config_load(path, CES_CONFIG_REPLAY, &c, err, sizeof(err)),
+                     CES_CONFIG_OK);
+    assert_string_equal(c->pg_conninfo, "host=db.example port=$5 dbname=x");
+    assert_string_equal(c->pg_password, "s3cret-pw");
+    char *printed = NULL;
+    size_t plen = 0;
+    FILE *out = open_memstream(&printed, &plen);
+    ces_config_print(c, out);
+    fclose(out);
+    assert_null(strstr(printed, "s3cret-pw"));
+    free(printed);
+    ces_config_destroy(c);
+    unlink(path);
+
+    unsetenv("CES_TEST_UNSET");
+    strcpy(path, "/tmp/ces2pg-test-XXXXXX");
+    write_file(path, "postgres = {\n  conninfo = \"password=${CES_TEST_UNSET}\";\n};\n");
+    assert_int_equal(ces_config_load(path, CES_CONFIG_REPLAY, &c, err, sizeof(err)),
+                     CES_CONFIG_ERROR);
+    assert_non_null(strstr(err, ":2: postgres.conninfo: environment variable CES_TEST_UNSET is "
+                                "not set"));
+    unlink(path);
+
+    unsetenv("CREDENTIALS_DIRECTORY");
+    strcpy(path, "/tmp/ces2pg-test-XXXXXX");
+    write_file(path, "postgres = { conninfo = \"x=y\"; password_file = \"pg-password\"; };\n");
+    assert_int_equal(ces_config_load(path, CES_CONFIG_REPLAY, &c, err, sizeof(err)),
+                     CES_CONFIG_ERROR);
+    assert_non_null(strstr(err, "postgres.password_file: cannot read 'pg-password'"));
+    unlink(path);
+    unlink(secret);
+    rmdir(dir);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(parses_envelope_times),
+        cmocka_unit_test(classifies_dead_letters),
+        cmocka_unit_test(renders_bounded_labels),
+        cmocka_unit_test(expands_environment_and_reads_secrets),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
