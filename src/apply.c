@@ -1204,6 +1204,17 @@ static int push_pending(sender_t *s, pend_kind_t kind, long item, stmt_t *stmt) 
     return 0;
 }
 
+/* Records the result of a PQsend* call: on success its result is expected (kind, item); on
+ * failure the connection is in trouble and the attempt stops. */
+static int sent(sender_t *s, int ok, pend_kind_t kind, long item, stmt_t *stmt) {
+    if (ok != 1) {
+        set_error(s->e, ERR_RETRY, -1, NULL, "sending to PostgreSQL: %s",
+                  PQerrorMessage(s->a->conn));
+        return -1;
+    }
+    return push_pending(s, kind, item, stmt);
+}
+
 /* Sends a Sync and reads every pending result. Returns -1 on a broken connection. */
 static int sync_and_drain(sender_t *s) {
     PGconn *conn = s->a->conn;
@@ -1263,12 +1274,8 @@ static int maybe_sync(sender_t *s) {
 }
 
 static int send_simple(sender_t *s, const char *sql) {
-    if (PQsendQueryParams(s->a->conn, sql, 0, NULL, NULL, NULL, NULL, 0) != 1) {
-        set_error(s->e, ERR_RETRY, -1, NULL, "sending to PostgreSQL: %s",
-                  PQerrorMessage(s->a->conn));
-        return -1;
-    }
-    return push_pending(s, PEND_OTHER, -1, NULL);
+    return sent(s, PQsendQueryParams(s->a->conn, sql, 0, NULL, NULL, NULL, NULL, 0), PEND_OTHER,
+                -1, NULL);
 }
 
 static int reserve_scratch(sender_t *s, size_t n) {
@@ -1532,12 +1539,9 @@ static int send_delete(sender_t *s, long idx, ces_item_t *item, table_t *t,
     if (st == NULL)
         return -1;
     int nparams = add_version_param(s, t, &item->event, t->npk);
-    if (PQsendQueryPrepared(s->a->conn, st->name, nparams, s->values, s->lengths, NULL, 0) != 1) {
-        set_error(s->e, ERR_RETRY, -1, NULL, "sending to PostgreSQL: %s",
-                  PQerrorMessage(s->a->conn));
-        return -1;
-    }
-    return push_pending(s, PEND_ROW, idx, NULL);
+    return sent(s,
+                PQsendQueryPrepared(s->a->conn, st->name, nparams, s->values, s->lengths, NULL, 0),
+                PEND_ROW, idx, NULL);
 }
 
 static int send_upsert(sender_t *s, long idx, ces_item_t *item, table_t *t, const char **reject) {
@@ -1605,12 +1609,8 @@ static int send_upsert(sender_t *s, long idx, ces_item_t *item, table_t *t, cons
     if (st == NULL)
         goto done;
     int nparams = add_version_param(s, t, ev, n);
-    if (PQsendQueryPrepared(s->a->conn, st->name, nparams, s->values, s->lengths, NULL, 0) != 1) {
-        set_error(s->e, ERR_RETRY, -1, NULL, "sending to PostgreSQL: %s",
-                  PQerrorMessage(s->a->conn));
-        goto done;
-    }
-    rc = push_pending(s, PEND_ROW, idx, NULL);
+    rc = sent(s, PQsendQueryPrepared(s->a->conn, st->name, nparams, s->values, s->lengths, NULL, 0),
+              PEND_ROW, idx, NULL);
 done:
     free(fields);
     return rc;
@@ -1671,13 +1671,10 @@ static int send_dead_letter(sender_t *s, long idx, ces_item_t *item) {
     int formats[6] = {0, 0, 0, 0, 0, 1};
     if (item->raw == NULL)
         values[5] = NULL;
-    if (PQsendQueryParams(s->a->conn, s->a->sql_dead_letter, 6, NULL, values, lengths, formats,
-                          0) != 1) {
-        set_error(s->e, ERR_RETRY, -1, NULL, "sending to PostgreSQL: %s",
-                  PQerrorMessage(s->a->conn));
-        goto done;
-    }
-    rc = push_pending(s, PEND_DEAD_LETTER, idx, NULL);
+    rc = sent(s,
+              PQsendQueryParams(s->a->conn, s->a->sql_dead_letter, 6, NULL, values, lengths,
+                                formats, 0),
+              PEND_DEAD_LETTER, idx, NULL);
 done:
     free(reason);
     free(topic);
@@ -1694,12 +1691,8 @@ static int send_offsets(sender_t *s) {
         snprintf(expected, sizeof(expected), "%lld", (long long)o->expected);
         const char *values[5] = {s->a->group_id, o->topic, partition, next,
                                  o->has_expected ? expected : NULL};
-        if (PQsendQueryParams(s->a->conn, s->a->sql_offsets, 5, NULL, values, NULL, NULL, 0) != 1) {
-            set_error(s->e, ERR_RETRY, -1, NULL, "sending to PostgreSQL: %s",
-                      PQerrorMessage(s->a->conn));
-            return -1;
-        }
-        if (push_pending(s, PEND_OFFSET, (long)i, NULL) != 0)
+        if (sent(s, PQsendQueryParams(s->a->conn, s->a->sql_offsets, 5, NULL, values, NULL, NULL, 0),
+                 PEND_OFFSET, (long)i, NULL) != 0)
             return -1;
     }
     return 0;
