@@ -27,11 +27,6 @@ static const char *const reserved[] = {"group.id", "enable.auto.offset.store", "
 static const char *const defaults[][2] = {
     {"auto.offset.reset", "earliest"},
     {"enable.auto.commit", "true"},
-    /* Pre-fetched records wait in librdkafka's queue: 16 MB keeps the fetcher ahead of apply
-     * without letting a backlog grow the process (librdkafka's own default is 64 MB). */
-    {"queued.max.messages.kbytes", "16384"},
-    /* One fetch response may bring this much (compressed) at once; librdkafka's default is 50 MB. */
-    {"fetch.max.bytes", "8388608"},
 };
 
 /* Event Hubs mode (kafka.eventhubs_connection_string): how the Kafka endpoint authenticates. */
