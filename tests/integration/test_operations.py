@@ -143,12 +143,13 @@ def test_metrics_count_a_known_stream(tmp_path, db, broker, ces2pg):
         op, table = record_facts(r)
         want[(OPS[op], table)] = want.get((OPS[op], table), 0) + 1
 
-    def settled():  # gauges are published every 100 ms
+    def settled():  # gauges are published every 100 ms, lag from the broker's cached watermark
         s = scrape(port)
-        return s if metric(s, "ces2pg_records_consumed_total") == len(
-            records) + len(garbage) else None
+        done = metric(s, "ces2pg_records_consumed_total") == len(records) + len(garbage)
+        caught_up = metric(s, "ces2pg_consumer_lag", topic="ces", partition="0") == 0
+        return s if done and caught_up else None
 
-    s = wait_until(settled, 10, message="records_consumed_total settles")
+    s = wait_until(settled, 10, message="records_consumed_total and the lag settle")
     for (op, table), n in want.items():
         assert metric(s, "ces2pg_events_applied_total", op=op, table=table) == n, (
             op, table)
