@@ -1185,7 +1185,13 @@ typedef struct {
     const char **values;
     int *lengths;
     long *cols;
+    const ces_field_t **fields;
     size_t scratch_capacity;
+    unsigned *marks; /* per target column: == epoch when the statement being built has it */
+    size_t marks_capacity;
+    unsigned epoch;
+    char *sig; /* the statement signature being built */
+    size_t sig_capacity;
     char version[64];
 } sender_t;
 
@@ -1291,7 +1297,10 @@ static int reserve_scratch(sender_t *s, size_t n) {
     long *c = realloc(s->cols, cap * sizeof(*c));
     if (c)
         s->cols = c;
-    if (!v || !l || !c) {
+    const ces_field_t **f = realloc(s->fields, cap * sizeof(*f));
+    if (f)
+        s->fields = f;
+    if (!v || !l || !c || !f) {
         set_error(s->e, ERR_FATAL, -1, NULL, "out of memory");
         return -1;
     }
@@ -1544,44 +1553,53 @@ static int send_delete(sender_t *s, long idx, ces_item_t *item, table_t *t,
                 PEND_ROW, idx, NULL);
 }
 
+/* Starts a new set of column marks for table t (a column is in the set when marks[col] == epoch). */
+static int new_marks(sender_t *s, const table_t *t) {
+    if (t->ncols > s->marks_capacity) {
+        unsigned *m = realloc(s->marks, t->ncols * 2 * sizeof(*m));
+        if (m == NULL) {
+            set_error(s->e, ERR_FATAL, -1, NULL, "out of memory");
+            return -1;
+        }
+        memset(m + s->marks_capacity, 0, (t->ncols * 2 - s->marks_capacity) * sizeof(*m));
+        s->marks = m;
+        s->marks_capacity = t->ncols * 2;
+    }
+    if (++s->epoch == 0) { /* wrapped: old marks could look current */
+        memset(s->marks, 0, s->marks_capacity * sizeof(*s->marks));
+        s->epoch = 1;
+    }
+    return 0;
+}
+
 static int send_upsert(sender_t *s, long idx, ces_item_t *item, table_t *t, const char **reject) {
     const ces_event_t *ev = &item->event;
+    const ces_field_t **fields;
     size_t n = 0;
-    if (reserve_scratch(s, ev->ncurrent + t->npk + 1) != 0)
+    if (reserve_scratch(s, ev->ncurrent + t->npk + 1) != 0 || new_marks(s, t) != 0)
         return -1;
-    const ces_field_t **fields = (const ces_field_t **)calloc(ev->ncurrent + t->npk + 1,
-                                                             sizeof(*fields));
-    if (fields == NULL) {
-        set_error(s->e, ERR_FATAL, -1, NULL, "out of memory");
-        return -1;
-    }
-    int rc = -1;
+    fields = s->fields;
     for (size_t i = 0; i < ev->ncurrent; i++) {
         long col = resolve_column(t, ev->current[i].name);
-        bool seen = false;
-        for (size_t j = 0; j < n; j++)
-            seen = seen || s->cols[j] == col;
-        if (col < 0 || seen)
+        if (col < 0 || s->marks[col] == s->epoch)
             continue; /* a duplicate after case folding: the first wins */
+        s->marks[col] = s->epoch;
         s->cols[n] = col;
         fields[n++] = &ev->current[i];
     }
     for (size_t k = 0; k < t->npk; k++) {
-        bool have = false;
-        for (size_t j = 0; j < n; j++)
-            have = have || s->cols[j] == (long)t->pk[k];
-        if (have)
+        if (s->marks[t->pk[k]] == s->epoch)
             continue;
         const ces_field_t *f = key_field(t, k, NULL, 0, ev);
         if (f == NULL) {
             *reject = "the event lacks a value for a primary key column of the target table";
-            rc = 0;
-            goto done;
+            return 0;
         }
         s->cols[n] = (long)t->pk[k];
         fields[n++] = f;
     }
-    /* Column order decides the statement: sort by column index so equal shapes share one. */
+    /* Column order decides the statement: sort by column index so equal shapes share one (events
+     * list their columns in table order, so this is mostly one pass). */
     for (size_t i = 1; i < n; i++) {
         long c = s->cols[i];
         const ces_field_t *f = fields[i];
@@ -1595,25 +1613,25 @@ static int send_upsert(sender_t *s, long idx, ces_item_t *item, table_t *t, cons
     }
     for (size_t i = 0; i < n; i++) {
         if (param_value(s, item, t, s->cols[i], fields[i], i) != 0)
-            goto done;
+            return -1;
     }
     size_t sig_size = 16 + n * 12;
-    char *sig = malloc(sig_size);
-    if (sig == NULL) {
-        set_error(s->e, ERR_FATAL, -1, NULL, "out of memory");
-        goto done;
+    if (sig_size > s->sig_capacity) {
+        char *sig = realloc(s->sig, sig_size * 2);
+        if (sig == NULL) {
+            set_error(s->e, ERR_FATAL, -1, NULL, "out of memory");
+            return -1;
+        }
+        s->sig = sig;
+        s->sig_capacity = sig_size * 2;
     }
-    size_t sl = signature(sig, sig_size, 'U', t, s->cols, n);
-    stmt_t *st = get_statement(s, sig, sl, idx, build_upsert, t, s->cols, n);
-    free(sig);
+    size_t sl = signature(s->sig, s->sig_capacity, 'U', t, s->cols, n);
+    stmt_t *st = get_statement(s, s->sig, sl, idx, build_upsert, t, s->cols, n);
     if (st == NULL)
-        goto done;
+        return -1;
     int nparams = add_version_param(s, t, ev, n);
-    rc = sent(s, PQsendQueryPrepared(s->a->conn, st->name, nparams, s->values, s->lengths, NULL, 0),
-              PEND_ROW, idx, NULL);
-done:
-    free(fields);
-    return rc;
+    return sent(s, PQsendQueryPrepared(s->a->conn, st->name, nparams, s->values, s->lengths, NULL, 0),
+                PEND_ROW, idx, NULL);
 }
 
 /* True when an UPD moves the row: its old image holds a different primary key than the new one. */
@@ -1830,6 +1848,9 @@ done:
     free(s.values);
     free(s.lengths);
     free(s.cols);
+    free(s.fields);
+    free(s.marks);
+    free(s.sig);
     free(tables);
 }
 

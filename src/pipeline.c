@@ -36,6 +36,7 @@ struct ces_pipeline_s {
     ces_reasm_t *reasm;
     ces_order_t *order;    /* transaction mode only */
     ces_map_t *partitions; /* "topic\x1fpartition" -> partition_t */
+    partition_t *last_partition; /* reference into partitions: the one looked up last */
     ces_batch_t batch;
     int64_t batch_started_ms;
     ces_pipeline_stats_t stats;
@@ -105,9 +106,15 @@ static size_t partition_key(char *buf, size_t size, const char *topic, int32_t p
 
 static partition_t *partition_get(ces_pipeline_t *p, const char *topic, int32_t partition,
                                   bool create) {
+    /* Records mostly come in runs from one partition: skip formatting and hashing the key. */
+    partition_t *last = p->last_partition;
+    if (last != NULL && last->partition == partition && strcmp(last->topic, topic) == 0)
+        return last;
     char key[512];
     size_t len = partition_key(key, sizeof(key), topic, partition);
     partition_t *part = ces_map_get(p->partitions, key, len);
+    if (part != NULL)
+        p->last_partition = part;
     if (part != NULL || !create)
         return part;
     part = calloc(1, sizeof(*part));
