@@ -1166,6 +1166,35 @@ def stream_partitions(records, nparts, scheme="table"):
 MOCK_PARTITION_BYTES = 5 * 1024 * 1024
 
 
+class Background:
+    """Runs self.run() in a daemon thread from start() until stop(); run() loops while
+    not self.stopping(). An exception it raises is re-raised by stop()."""
+
+    def __init__(self, name):
+        self.error = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._main, daemon=True, name=name)
+
+    def start(self):
+        self._thread.start()
+        return self
+
+    def stopping(self):
+        return self._stop.is_set()
+
+    def stop(self):
+        self._stop.set()
+        self._thread.join(30)
+        if self.error is not None:
+            raise self.error
+
+    def _main(self):
+        try:
+            self.run()
+        except BaseException as e:  # reported by stop()
+            self.error = e
+
+
 class PacedProducer:
     """Produces records in order in a background thread, never letting the
     bytes a partition holds beyond the group's applied offset (as stored in

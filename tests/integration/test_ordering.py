@@ -26,6 +26,7 @@ import pytest
 from confluent_kafka import Producer
 
 from conftest import (
+    Background,
     OffsetMonitor,
     PacedProducer,
     assert_tables_match,
@@ -153,7 +154,7 @@ def audit(db):
     return commits, partial, examples or []
 
 
-class BankChecker:
+class BankChecker(Background):
     """Reads both account tables in one REPEATABLE READ snapshot, over and
     over, in a background thread, and classifies what it saw.
 
@@ -164,6 +165,7 @@ class BankChecker:
     """
 
     def __init__(self, db, accounts, total):
+        super().__init__("bank-checker")
         self.db, self.accounts, self.total = db, accounts, total
         self.reads = 0          # snapshots
         self.full_reads = 0     # ... with every account open
@@ -171,31 +173,14 @@ class BankChecker:
         self.bad_pairs = 0      # reads with a transaction visible in part
         self.timeline = []      # (time, transfers A, transfers B) of full reads
         self.examples = []
-        self.error = None
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True,
-                                        name="bank-checker")
 
-    def start(self):
-        self._thread.start()
-        return self
-
-    def stop(self):
-        self._stop.set()
-        self._thread.join(30)
-        if self.error is not None:
-            raise self.error
-
-    def _run(self):
-        try:
-            conn = psycopg2.connect(self.db.conninfo)
-            conn.set_session(isolation_level="REPEATABLE READ", readonly=True)
-            with contextlib.closing(conn):
-                while not self._stop.is_set():
-                    self._read(conn)
-                    time.sleep(0.005)
-        except BaseException as e:  # reported by stop()
-            self.error = e
+    def run(self):
+        conn = psycopg2.connect(self.db.conninfo)
+        conn.set_session(isolation_level="REPEATABLE READ", readonly=True)
+        with contextlib.closing(conn):
+            while not self.stopping():
+                self._read(conn)
+                time.sleep(0.005)
 
     def _read(self, conn):
         with conn.cursor() as cur:
@@ -543,35 +528,19 @@ def test_kill9_inside_large_transaction(tmp_path, db, broker, ces2pg,
 # --------------------------------------------------------------------------
 
 
-class BackgroundOffsetMonitor:
+class BackgroundOffsetMonitor(Background):
     """Polls ces2pg.offsets every interval seconds in a thread; an offset
     that moves backwards (OffsetMonitor's assertion) is raised by stop()."""
 
     def __init__(self, db, group, interval=0.02):
+        super().__init__("offset-monitor")
         self.monitor = OffsetMonitor(db, group)
         self.interval = interval
-        self.error = None
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True,
-                                        name="offset-monitor")
 
-    def start(self):
-        self._thread.start()
-        return self
-
-    def stop(self):
-        self._stop.set()
-        self._thread.join(30)
-        if self.error is not None:
-            raise self.error
-
-    def _run(self):
-        try:
-            while not self._stop.is_set():
-                self.monitor.poll()
-                time.sleep(self.interval)
-        except BaseException as e:  # reported by stop()
-            self.error = e
+    def run(self):
+        while not self.stopping():
+            self.monitor.poll()
+            time.sleep(self.interval)
 
 
 def assigned_counts(daemon):
