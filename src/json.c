@@ -9,10 +9,102 @@
 /*
  * The tree is built from yajl's callback parser (its own tree parser leaks on some malformed
  * input). Every limit is checked in the callbacks, so a hostile text is refused as soon as it
- * breaks one. yajl checks the shape of UTF-8 sequences; ces_utf8_valid then refuses what yajl lets
- * through (overlong forms, surrogates, code points past U+10FFFF). Text this decoder produced itself
- * (the data string, the row images) is known valid and skips both checks.
+ * breaks one.
+ *
+ * UTF-8 is checked once over the whole untrusted text (ces_utf8_valid: shortest forms, no
+ * surrogates, at most U+10FFFF), which is faster than yajl's check of each string and stricter;
+ * yajl is then told not to check. After that, the only invalid UTF-8 a decoded string can hold is
+ * a lone surrogate that a \u escape produced (yajl encodes it as is): such sequences start with
+ * byte 0xED, so only strings holding that byte are checked again, at every layer. Text this
+ * decoder produced itself (the data string, the row images) is known valid and skips the check of
+ * the whole text.
+ *
+ * Each parse needs a yajl handle, and yajl allocates it and its buffers afresh (it has no reset).
+ * Those allocations come from a small pool kept by the parser, which makes a handle cost almost
+ * nothing: three parses per CES record made malloc a visible part of decoding.
  */
+
+/* The pool: small yajl allocations are carved from one reused block and freed all at once after
+ * the parse; larger ones (a long string's decode buffer) go to malloc. Each allocation carries a
+ * header with its size, so realloc knows what to copy. */
+#define POOL_BLOCK 16384
+#define POOL_SMALL 4096
+
+typedef struct {
+    size_t size;  /* usable bytes */
+    size_t heap;  /* 1: from malloc, 0: from the block */
+} pool_header_t;
+
+typedef struct {
+    unsigned char *block;
+    size_t used;
+    pool_header_t *last; /* the block's last allocation: it may grow in place */
+} pool_t;
+
+#define POOL_ALIGN(n) (((n) + 15) & ~(size_t)15)
+#define POOL_HEADER POOL_ALIGN(sizeof(pool_header_t))
+
+static void *pool_malloc(void *ctx, size_t size) {
+    pool_t *pool = ctx;
+    size_t need = POOL_HEADER + POOL_ALIGN(size);
+    pool_header_t *h;
+    if (size <= POOL_SMALL && pool->block != NULL && pool->used + need <= POOL_BLOCK) {
+        h = (pool_header_t *)(pool->block + pool->used);
+        pool->used += need;
+        h->heap = 0;
+        pool->last = h;
+    } else {
+        if (size > SIZE_MAX - POOL_HEADER)
+            return NULL;
+        h = malloc(POOL_HEADER + size);
+        if (h == NULL)
+            return NULL;
+        h->heap = 1;
+    }
+    h->size = size;
+    return (unsigned char *)h + POOL_HEADER;
+}
+
+static void pool_free(void *ctx, void *ptr) {
+    (void)ctx;
+    if (ptr == NULL)
+        return;
+    pool_header_t *h = (pool_header_t *)((unsigned char *)ptr - POOL_HEADER);
+    if (h->heap)
+        free(h);
+    /* Block memory is released when the parse ends. */
+}
+
+static void *pool_realloc(void *ctx, void *ptr, size_t size) {
+    pool_t *pool = ctx;
+    if (ptr == NULL)
+        return pool_malloc(ctx, size);
+    pool_header_t *h = (pool_header_t *)((unsigned char *)ptr - POOL_HEADER);
+    if (h->heap) {
+        if (size > SIZE_MAX - POOL_HEADER)
+            return NULL;
+        pool_header_t *grown = realloc(h, POOL_HEADER + size);
+        if (grown == NULL)
+            return NULL;
+        grown->size = size;
+        return (unsigned char *)grown + POOL_HEADER;
+    }
+    if (size <= h->size)
+        return ptr;
+    if (h == pool->last && size <= POOL_SMALL) {
+        size_t start = (size_t)((unsigned char *)h - pool->block);
+        size_t need = POOL_HEADER + POOL_ALIGN(size);
+        if (start + need <= POOL_BLOCK) {
+            pool->used = start + need;
+            h->size = size;
+            return ptr;
+        }
+    }
+    void *moved = pool_malloc(ctx, size);
+    if (moved != NULL)
+        memcpy(moved, ptr, h->size);
+    return moved;
+}
 
 /* One open container: its children collect in a scratch vector that is copied into the arena when
  * the container closes (sizes are unknown until then). */
@@ -34,9 +126,25 @@ struct ces_json_parser_s {
     ces_json_t root;
     bool have_root;
     char error[200];
+    pool_t pool;
+    yajl_alloc_funcs alloc_funcs;
 };
 
-ces_json_parser_t *ces_json_parser_new(void) { return calloc(1, sizeof(ces_json_parser_t)); }
+ces_json_parser_t *ces_json_parser_new(void) {
+    ces_json_parser_t *p = calloc(1, sizeof(ces_json_parser_t));
+    if (p == NULL)
+        return NULL;
+    p->pool.block = malloc(POOL_BLOCK);
+    if (p->pool.block == NULL) {
+        free(p);
+        return NULL;
+    }
+    p->alloc_funcs.malloc = pool_malloc;
+    p->alloc_funcs.realloc = pool_realloc;
+    p->alloc_funcs.free = pool_free;
+    p->alloc_funcs.ctx = &p->pool;
+    return p;
+}
 
 void ces_json_parser_destroy(ces_json_parser_t *parser) {
     if (parser == NULL)
@@ -44,6 +152,7 @@ void ces_json_parser_destroy(ces_json_parser_t *parser) {
     for (size_t i = 0; i < parser->frame_capacity; i++)
         free(parser->frames[i].members);
     free(parser->frames);
+    free(parser->pool.block);
     free(parser);
 }
 
@@ -80,8 +189,9 @@ static int add_value(ces_json_parser_t *p, const ces_json_t *value) {
 }
 
 static const char *copy_text(ces_json_parser_t *p, const unsigned char *s, size_t len) {
-    if (!p->limits->valid_utf8 && !ces_utf8_valid((const char *)s, len)) {
-        fail(p, "malformed JSON: a string is not valid UTF-8");
+    /* At every layer: an escape may decode to a lone surrogate, even in text known valid. */
+    if (memchr(s, 0xED, len) != NULL && !ces_utf8_valid((const char *)s, len)) {
+        fail(p, "malformed JSON: a string escapes a lone UTF-16 surrogate (not valid UTF-8)");
         return NULL;
     }
     const char *copy = ces_arena_strndup(p->arena, (const char *)s, len);
@@ -192,13 +302,21 @@ const ces_json_t *ces_json_parse(ces_json_parser_t *parser, ces_arena_t *arena, 
     parser->have_root = false;
     parser->error[0] = '\0';
 
-    yajl_handle h = yajl_alloc(&callbacks, NULL, parser);
+    if (!limits->valid_utf8) {
+        size_t bad = ces_utf8_check(text, len);
+        if (bad < len) {
+            snprintf(errstr, errstr_size, "malformed JSON: not valid UTF-8 at byte %zu", bad);
+            return NULL;
+        }
+    }
+    parser->pool.used = 0;
+    parser->pool.last = NULL;
+    yajl_handle h = yajl_alloc(&callbacks, &parser->alloc_funcs, parser);
     if (h == NULL) {
         snprintf(errstr, errstr_size, "out of memory");
         return NULL;
     }
-    if (limits->valid_utf8)
-        yajl_config(h, yajl_dont_validate_strings, 1);
+    yajl_config(h, yajl_dont_validate_strings, 1);
     yajl_status st = yajl_parse(h, (const unsigned char *)text, len);
     if (st == yajl_status_ok)
         st = yajl_complete_parse(h);
@@ -277,7 +395,9 @@ static size_t utf8_sequence(const unsigned char *s, size_t avail) {
     return n + 1;
 }
 
-bool ces_utf8_valid(const char *text, size_t len) {
+bool ces_utf8_valid(const char *text, size_t len) { return ces_utf8_check(text, len) == len; }
+
+size_t ces_utf8_check(const char *text, size_t len) {
     const unsigned char *s = (const unsigned char *)text;
     size_t i = 0;
     while (i < len) {
@@ -297,10 +417,10 @@ bool ces_utf8_valid(const char *text, size_t len) {
         }
         size_t n = utf8_sequence(s + i, len - i);
         if (n == 0)
-            return false;
+            return i;
         i += n;
     }
-    return true;
+    return len;
 }
 
 const char *ces_json_type_name(ces_json_type_t type) {

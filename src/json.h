@@ -2,9 +2,9 @@
  * json: a bounded JSON reader that builds a small tree in an arena.
  *
  * Built on yajl's callback parser (its tree parser leaks on some malformed input). Limits are
- * checked while parsing, so hostile input cannot make the tree deeper or larger than allowed. Strings
- * must be valid UTF-8 (yajl checks the shape of sequences, ces_utf8_valid the rest); they keep their
- * length because JSON may escape NUL (\u0000).
+ * checked while parsing, so hostile input cannot make the tree deeper or larger than allowed. The
+ * text and every decoded string must be valid UTF-8 (ces_utf8_valid); strings keep their length
+ * because JSON may escape NUL (\u0000).
  */
 #ifndef CES_JSON_H
 #define CES_JSON_H
@@ -75,5 +75,7 @@ const char *ces_json_type_name(ces_json_type_t type);
 /* True when s[0..len) is UTF-8 in its shortest form, without surrogates, at most U+10FFFF. (yajl
  * checks only the shape of multi-byte sequences.) */
 bool ces_utf8_valid(const char *s, size_t len);
+/* The offset of the first byte of s[0..len) that breaks ces_utf8_valid's rules, or len. */
+size_t ces_utf8_check(const char *s, size_t len);
 
 #endif

@@ -436,6 +436,14 @@ static void golden_hostile_json(void **state) {
     rec = record_with_row(surrogate, sizeof(surrogate) - 1, &len);
     HOSTILE("a UTF-16 surrogate encoded in UTF-8 in a row image value", rec, len);
     free(rec);
+    const char escaped_surrogate[] = "{\"Id\":\"1\",\"Name\":\"a\\udc00b\"}";
+    rec = record_with_row(escaped_surrogate, sizeof(escaped_surrogate) - 1, &len);
+    HOSTILE("an escaped lone low surrogate in a row image value", rec, len);
+    free(rec);
+    const char envelope_surrogate[] =
+        "{\"specversion\":\"1.0\",\"type\":\"com.microsoft.SQL.CES.DML.V1\",\"id\":\"\\udfff\"}";
+    HOSTILE("an escaped lone low surrogate in an envelope attribute", envelope_surrogate,
+            sizeof(envelope_surrogate) - 1);
 
     const char escaped_nul[] = "{\"Id\":\"1\",\"Name\":\"a\\u0000b\"}";
     rec = record_with_row(escaped_nul, sizeof(escaped_nul) - 1, &len);
