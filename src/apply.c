@@ -99,6 +99,7 @@ typedef enum {
     ERR_STALE, /* the table changed underneath: forget cached tables, try again */
     ERR_FENCED,
     ERR_FATAL,
+    ERR_BULK, /* a bulk statement hit bad data: retry the batch row by row to find it */
 } err_class_t;
 
 typedef struct {
@@ -510,9 +511,13 @@ static int connect_once(ces_apply_t *a, attempt_error_t *e) {
         return -1;
     }
     PQsetNoticeProcessor(a->conn, notice_processor, NULL);
-    /* Values arrive as SQL Server text; make their reading independent of the server's defaults. */
+    /* Values arrive as SQL Server text; make their reading independent of the server's defaults.
+     * Every row change looks rows up by key (target tables, tombstones): without hash and merge
+     * joins the planner takes the key's index for the rows of a bulk statement, whereas a plan
+     * made while a table was small (and then kept as the generic plan) would scan it whole. */
     if (exec_simple(a, "SET DateStyle = 'ISO, YMD'; SET IntervalStyle = 'postgres';"
-                       " SET extra_float_digits = 3; SET client_encoding = 'UTF8'",
+                       " SET extra_float_digits = 3; SET client_encoding = 'UTF8';"
+                       " SET enable_hashjoin = off; SET enable_mergejoin = off",
                     e) != 0 ||
         setup_metadata(a, e) != 0) {
         disconnect(a);
@@ -1165,7 +1170,14 @@ nomem:
 /* ---------------------------------------------------------------------------------------------- */
 /* Sending a batch through the pipeline                                                           */
 
-typedef enum { PEND_OTHER, PEND_PREPARE, PEND_ROW, PEND_DEAD_LETTER, PEND_OFFSET } pend_kind_t;
+typedef enum {
+    PEND_OTHER,
+    PEND_PREPARE,
+    PEND_ROW,
+    PEND_BULK,
+    PEND_DEAD_LETTER,
+    PEND_OFFSET
+} pend_kind_t;
 
 typedef struct {
     pend_kind_t kind;
@@ -1173,9 +1185,50 @@ typedef struct {
     stmt_t *stmt;
 } pending_t;
 
+/*
+ * The bulk path. Row changes of one table with the same shape (upserts of one column list, or
+ * deletes) are gathered and sent as one statement whose parameters are arrays, one per column,
+ * read with unnest(): PostgreSQL plans and executes once for up to BULK_MAX_ROWS rows instead of
+ * once per row, which is most of its cost for small rows.
+ *
+ * Only the order of changes to one key matters (different keys, or tables, commute inside one
+ * transaction). So the n-th change of a key in a batch goes to a group of generation n, and groups
+ * are sent generation after generation: the changes of every key keep their order, however the
+ * groups are cut. After BULK_MAX_GENERATIONS changes of one key everything waiting is sent. A bulk
+ * statement that PostgreSQL rejects as bad data cannot say which row was bad: the batch is then
+ * retried row by row, where the row is found and dead-lettered.
+ */
+#define BULK_MAX_ROWS 1000
+#define BULK_MAX_BYTES (4u << 20)
+#define BULK_MAX_GENERATIONS 8
+
+typedef struct {
+    table_t *t;
+    char kind; /* 'u' upsert, 'd' delete (lower case: the per-row statements use 'U' and 'D') */
+    uintptr_t generation;
+    char *sig;
+    size_t sig_len;
+    long *cols; /* upserts: target columns of the values, sorted */
+    size_t ncols;
+    size_t nvalues;      /* per row: ncols (or the key columns), and the version when guarded */
+    const char **values; /* nrows * nvalues, row after row; NULL is SQL NULL */
+    int *lengths;
+    size_t nrows;
+    size_t rows_capacity;
+    size_t bytes; /* value bytes gathered */
+} group_t;
+
 typedef struct {
     ces_apply_t *a;
     ces_batch_t *batch;
+    bool bulk; /* gather row changes into bulk statements (off when retrying row by row) */
+    group_t *groups;
+    size_t ngroups;
+    size_t groups_capacity;
+    ces_map_t *bulk_keys; /* table id and key of every row waiting -> its last generation + 1 */
+    uintptr_t generations; /* in use: 0..generations-1 */
+    char *key;            /* scratch: the key being looked up */
+    size_t key_capacity;
     pending_t *pending;
     size_t npending;
     size_t capacity;
@@ -1245,7 +1298,13 @@ static int sync_and_drain(sender_t *s) {
                 s->fenced = true;
         } else if (st != PGRES_PIPELINE_ABORTED) {
             long item = (p->kind == PEND_ROW || p->kind == PEND_PREPARE) ? p->item : -1;
+            bool first = s->e->cls == ERR_NONE;
             error_from_result(s->e, conn, r, item);
+            /* Bad data, or one key twice in a statement (two texts of one value, like "1" and
+             * "01"): only row by row can tell which change it was. */
+            if (first && p->kind == PEND_BULK &&
+                (s->e->cls == ERR_DATA || strcmp(s->e->sqlstate, "21000") == 0))
+                s->e->cls = ERR_BULK;
             if (PQstatus(conn) != CONNECTION_OK) {
                 PQclear(r);
                 return -1;
@@ -1353,12 +1412,29 @@ static stmt_t *get_statement(sender_t *s, const char *sig, size_t sig_len, long 
     return st;
 }
 
-/* ARRAY[$k::type::text, ...]: the primary key in the canonical text of its column types, as the
- * tombstones store it. params[k] is the parameter number of key column k. */
-static void add_key_array(sb_t *sql, const table_t *t, const size_t *params) {
+/* How a statement refers to its value number i (1-based): a parameter "$i" for one row, or column
+ * "s.ci" of the unnest() of one array parameter per value, for many rows (see the bulk path). */
+static void add_ref(sb_t *sql, bool bulk, size_t i) { sb_addf(sql, bulk ? "s.c%zu" : "$%zu", i); }
+
+/* unnest($1::text[], ..., $n::text[]) AS s(c1, ..., cn): the rows of a bulk statement. */
+static void add_unnest(sb_t *sql, size_t n) {
+    sb_add(sql, "unnest(");
+    for (size_t i = 1; i <= n; i++)
+        sb_addf(sql, "%s$%zu::text[]", i > 1 ? ", " : "", i);
+    sb_add(sql, ") AS s(");
+    for (size_t i = 1; i <= n; i++)
+        sb_addf(sql, "%sc%zu", i > 1 ? ", " : "", i);
+    sb_add(sql, ")");
+}
+
+/* ARRAY[v1::type::text, ...]: the primary key in the canonical text of its column types, as the
+ * tombstones store it. refs[k] is the value number of key column k. */
+static void add_key_array(sb_t *sql, const table_t *t, bool bulk, const size_t *refs) {
     sb_add(sql, "ARRAY[");
     for (size_t k = 0; k < t->npk; k++) {
-        sb_addf(sql, "%s$%zu::", k ? ", " : "", params[k]);
+        sb_add(sql, k ? ", " : "");
+        add_ref(sql, bulk, refs[k]);
+        sb_add(sql, "::");
         sb_add(sql, t->cols[t->pk[k]].type);
         sb_add(sql, "::text");
     }
@@ -1366,15 +1442,15 @@ static void add_key_array(sb_t *sql, const table_t *t, const size_t *params) {
 }
 
 /*
- * INSERT ... ON CONFLICT (pk) DO UPDATE with the columns present. With the version guard, the row
- * changes only when the event is newer than the row, and a row is not inserted when a newer delete
- * left a tombstone for its key.
+ * INSERT ... ON CONFLICT (pk) DO UPDATE with the columns present, for one row or (bulk) for the
+ * rows of arrays. With the version guard, the row changes only when the event is newer than the
+ * row, and a row is not inserted when a newer delete left a tombstone for its key.
  */
-static void build_upsert(sb_t *sql, const ces_apply_t *a, const table_t *t, const long *cols,
-                         size_t n) {
+static void build_upsert_sql(sb_t *sql, const ces_apply_t *a, const table_t *t, const long *cols,
+                             size_t n, bool bulk) {
     bool guard = a->lsn_guard && t->version_col >= 0;
-    size_t version_param = n + 1;
-    size_t key_params[t->npk + 1];
+    size_t version_ref = n + 1;
+    size_t key_refs[t->npk + 1];
     sb_add(sql, "INSERT INTO ");
     sb_add(sql, t->qualified);
     sb_add(sql, " AS t (");
@@ -1383,24 +1459,43 @@ static void build_upsert(sb_t *sql, const ces_apply_t *a, const table_t *t, cons
         sb_add(sql, t->cols[cols[i]].quoted);
         for (size_t k = 0; k < t->npk; k++) {
             if ((size_t)cols[i] == t->pk[k])
-                key_params[k] = i + 1;
+                key_refs[k] = i + 1;
         }
     }
     if (guard) {
         sb_add(sql, ", ");
         sb_add(sql, a->version_quoted);
-        /* Typed parameters: in INSERT ... SELECT they take no type from the target columns. The
+    }
+    if (guard || bulk) {
+        /* Typed values: in INSERT ... SELECT they take no type from the target columns. The
          * casts drop the type modifier, so the assignment still checks length and precision. */
         sb_add(sql, ") SELECT ");
         for (size_t i = 0; i < n; i++) {
-            sb_addf(sql, "%s$%zu::", i ? ", " : "", i + 1);
+            sb_add(sql, i ? ", " : "");
+            add_ref(sql, bulk, i + 1);
+            sb_add(sql, "::");
             sb_add(sql, t->cols[cols[i]].cast);
         }
-        sb_addf(sql, ", $%zu::numeric WHERE NOT EXISTS (SELECT 1 FROM ", version_param);
-        sb_add(sql, a->tombstones);
-        sb_addf(sql, " ts WHERE ts.relid = %u AND ts.key = ", t->oid);
-        add_key_array(sql, t, key_params);
-        sb_addf(sql, " AND ts.version > $%zu::numeric)", version_param);
+        if (guard) {
+            sb_add(sql, ", ");
+            add_ref(sql, bulk, version_ref);
+            sb_add(sql, "::numeric");
+        }
+        if (bulk) {
+            sb_add(sql, " FROM ");
+            add_unnest(sql, n + (guard ? 1 : 0));
+        }
+        if (guard) {
+            /* Not NOT EXISTS: the planner turns that into a join, which may read every tombstone
+             * of the table; a scalar subquery is one index lookup of the key per row. */
+            sb_add(sql, " WHERE NOT coalesce((SELECT ts.version > ");
+            add_ref(sql, bulk, version_ref);
+            sb_add(sql, "::numeric FROM ");
+            sb_add(sql, a->tombstones);
+            sb_addf(sql, " ts WHERE ts.relid = %u AND ts.key = ", t->oid);
+            add_key_array(sql, t, bulk, key_refs);
+            sb_add(sql, "), false)");
+        }
     } else {
         sb_add(sql, ") VALUES (");
         for (size_t i = 0; i < n; i++)
@@ -1441,24 +1536,39 @@ static void build_upsert(sb_t *sql, const ces_apply_t *a, const table_t *t, cons
         sb_add(sql, "NOTHING");
 }
 
-/* DELETE by primary key. With the version guard, only a row older than the event goes, and the
- * key's tombstone is raised to the event's version either way. */
-static void build_delete(sb_t *sql, const ces_apply_t *a, const table_t *t, const long *cols,
-                         size_t n) {
-    (void)cols;
+/* DELETE by primary key, for one row or (bulk) for the rows of arrays. With the version guard,
+ * only a row older than the event goes, and the key's tombstone is raised to the event's version
+ * either way. */
+static void build_delete_sql(sb_t *sql, const ces_apply_t *a, const table_t *t, bool bulk) {
     bool guard = a->lsn_guard && t->version_col >= 0;
-    size_t key_params[t->npk + 1];
-    if (guard)
+    size_t n = t->npk, version_ref = n + 1;
+    size_t key_refs[t->npk + 1];
+    if (guard && bulk) {
+        sb_add(sql, "WITH s AS (SELECT * FROM ");
+        add_unnest(sql, n + 1);
+        sb_add(sql, "), deleted AS (");
+    } else if (guard) {
         sb_add(sql, "WITH deleted AS (");
+    }
     sb_add(sql, "DELETE FROM ");
     sb_add(sql, t->qualified);
-    sb_add(sql, " AS t WHERE ");
+    sb_add(sql, " AS t ");
+    if (bulk && guard) {
+        sb_add(sql, "USING s ");
+    } else if (bulk) {
+        sb_add(sql, "USING ");
+        add_unnest(sql, n);
+        sb_add(sql, " ");
+    }
+    sb_add(sql, "WHERE ");
     for (size_t k = 0; k < n; k++) {
-        key_params[k] = k + 1;
+        key_refs[k] = k + 1;
         sb_add(sql, k ? " AND " : "");
         sb_add(sql, "t.");
         sb_add(sql, t->cols[t->pk[k]].quoted);
-        sb_addf(sql, " = $%zu::", k + 1);
+        sb_add(sql, " = ");
+        add_ref(sql, bulk, k + 1);
+        sb_add(sql, "::");
         sb_add(sql, t->cols[t->pk[k]].cast);
     }
     if (!guard)
@@ -1467,13 +1577,41 @@ static void build_delete(sb_t *sql, const ces_apply_t *a, const table_t *t, cons
     sb_add(sql, a->version_quoted);
     sb_add(sql, " IS NULL OR t.");
     sb_add(sql, a->version_quoted);
-    sb_addf(sql, " < $%zu::numeric) RETURNING 1) INSERT INTO ", n + 1);
+    sb_add(sql, " < ");
+    add_ref(sql, bulk, version_ref);
+    sb_add(sql, "::numeric) RETURNING 1) INSERT INTO ");
     sb_add(sql, a->tombstones);
-    sb_addf(sql, " AS ts (relid, key, version) VALUES (%u, ", t->oid);
-    add_key_array(sql, t, key_params);
-    sb_addf(sql, ", $%zu::numeric) ON CONFLICT (relid, key) DO UPDATE SET version = "
-                 "EXCLUDED.version, deleted_at = now() WHERE ts.version < EXCLUDED.version",
-            n + 1);
+    sb_addf(sql, " AS ts (relid, key, version) %s%u, ", bulk ? "SELECT " : "VALUES (", t->oid);
+    add_key_array(sql, t, bulk, key_refs);
+    sb_add(sql, ", ");
+    add_ref(sql, bulk, version_ref);
+    sb_add(sql, bulk ? "::numeric FROM s" : "::numeric)");
+    sb_add(sql, " ON CONFLICT (relid, key) DO UPDATE SET version = EXCLUDED.version, deleted_at = "
+                "now() WHERE ts.version < EXCLUDED.version");
+}
+
+static void build_upsert(sb_t *sql, const ces_apply_t *a, const table_t *t, const long *cols,
+                         size_t n) {
+    build_upsert_sql(sql, a, t, cols, n, false);
+}
+
+static void build_bulk_upsert(sb_t *sql, const ces_apply_t *a, const table_t *t, const long *cols,
+                              size_t n) {
+    build_upsert_sql(sql, a, t, cols, n, true);
+}
+
+static void build_delete(sb_t *sql, const ces_apply_t *a, const table_t *t, const long *cols,
+                         size_t n) {
+    (void)cols;
+    (void)n;
+    build_delete_sql(sql, a, t, false);
+}
+
+static void build_bulk_delete(sb_t *sql, const ces_apply_t *a, const table_t *t, const long *cols,
+                              size_t n) {
+    (void)cols;
+    (void)n;
+    build_delete_sql(sql, a, t, true);
 }
 
 /* The signature that names a statement: its kind, table and column list. */
@@ -1529,8 +1667,232 @@ static int add_version_param(sender_t *s, const table_t *t, const ces_event_t *e
     return (int)slot + 1;
 }
 
+
+static void put_be32(unsigned char *p, uint32_t v) {
+    p[0] = (unsigned char)(v >> 24);
+    p[1] = (unsigned char)(v >> 16);
+    p[2] = (unsigned char)(v >> 8);
+    p[3] = (unsigned char)v;
+}
+
+/* Sends the rows of group g as one statement and empties it. Each parameter is a text[] in
+ * PostgreSQL's binary array format (dimensions, then each element's length and bytes, -1 for
+ * NULL), so no value needs quoting or escaping. */
+static int bulk_send_group(sender_t *s, group_t *g) {
+    if (g->nrows == 0)
+        return 0;
+    int rc = -1;
+    size_t nv = g->nvalues;
+    size_t total = nv * 20 + g->nrows * nv * 4 + g->bytes;
+    unsigned char *buf = malloc(total);
+    const char **params = malloc(nv * sizeof(*params));
+    int *plens = malloc(nv * sizeof(*plens));
+    int *formats = malloc(nv * sizeof(*formats));
+    if (buf == NULL || params == NULL || plens == NULL || formats == NULL) {
+        set_error(s->e, ERR_FATAL, -1, NULL, "out of memory");
+        goto done;
+    }
+    unsigned char *p = buf;
+    for (size_t j = 0; j < nv; j++) {
+        unsigned char *start = p;
+        bool has_null = false;
+        for (size_t r = 0; r < g->nrows && !has_null; r++)
+            has_null = g->values[r * nv + j] == NULL;
+        put_be32(p, 1);                  /* dimensions */
+        put_be32(p + 4, has_null);       /* flags */
+        put_be32(p + 8, 25);             /* element type: text */
+        put_be32(p + 12, (uint32_t)g->nrows);
+        put_be32(p + 16, 1);             /* lower bound */
+        p += 20;
+        for (size_t r = 0; r < g->nrows; r++) {
+            const char *v = g->values[r * nv + j];
+            uint32_t len = (uint32_t)g->lengths[r * nv + j];
+            put_be32(p, v == NULL ? UINT32_MAX : len);
+            p += 4;
+            if (v != NULL) {
+                memcpy(p, v, len);
+                p += len;
+            }
+        }
+        params[j] = (const char *)start;
+        plens[j] = (int)(p - start);
+        formats[j] = 1;
+    }
+    stmt_t *st = get_statement(s, g->sig, g->sig_len, -1,
+                               g->kind == 'u' ? build_bulk_upsert : build_bulk_delete, g->t,
+                               g->cols, g->ncols);
+    if (st == NULL)
+        goto done;
+    rc = sent(s, PQsendQueryPrepared(s->a->conn, st->name, (int)nv, params, plens, formats, 0),
+              PEND_BULK, -1, NULL);
+    g->nrows = 0;
+    g->bytes = 0;
+done:
+    free(buf);
+    free(params);
+    free(plens);
+    free(formats);
+    return rc;
+}
+
+/* Sends every group, generation after generation: before a change that must follow their rows,
+ * when one is full, and at the batch's end. */
+static int bulk_send_all(sender_t *s) {
+    for (uintptr_t gen = 0; gen < s->generations; gen++) {
+        for (size_t i = 0; i < s->ngroups; i++) {
+            if (s->groups[i].generation == gen && bulk_send_group(s, &s->groups[i]) != 0)
+                return -1;
+        }
+    }
+    s->generations = 0;
+    if (s->bulk_keys != NULL)
+        ces_map_clear(s->bulk_keys, NULL, NULL);
+    return 0;
+}
+
+/* The group of kind and signature sig (made when new); NULL when out of memory. */
+static group_t *bulk_group(sender_t *s, char kind, uintptr_t generation, table_t *t,
+                           const char *sig, size_t sig_len, const long *cols, size_t ncols,
+                           size_t nvalues) {
+    for (size_t i = 0; i < s->ngroups; i++) {
+        group_t *g = &s->groups[i];
+        if (g->generation == generation && g->kind == kind && g->sig_len == sig_len &&
+            memcmp(g->sig, sig, sig_len) == 0)
+            return g;
+    }
+    if (s->ngroups == s->groups_capacity) {
+        size_t cap = s->groups_capacity ? s->groups_capacity * 2 : 8;
+        group_t *groups = realloc(s->groups, cap * sizeof(*groups));
+        if (groups == NULL)
+            return NULL;
+        s->groups = groups;
+        s->groups_capacity = cap;
+    }
+    group_t *g = &s->groups[s->ngroups];
+    *g = (group_t){.t = t,
+                   .kind = kind,
+                   .generation = generation,
+                   .sig_len = sig_len,
+                   .ncols = ncols,
+                   .nvalues = nvalues};
+    g->sig = malloc(sig_len);
+    g->cols = malloc((ncols + 1) * sizeof(*g->cols));
+    if (g->sig == NULL || g->cols == NULL) {
+        free(g->sig);
+        free(g->cols);
+        return NULL;
+    }
+    memcpy(g->sig, sig, sig_len);
+    if (cols != NULL)
+        memcpy(g->cols, cols, ncols * sizeof(*cols));
+    s->ngroups++;
+    return g;
+}
+
+static void bulk_free(sender_t *s) {
+    for (size_t i = 0; i < s->ngroups; i++) {
+        free(s->groups[i].sig);
+        free(s->groups[i].cols);
+        free(s->groups[i].values);
+        free(s->groups[i].lengths);
+    }
+    free(s->groups);
+    free(s->key);
+    ces_map_destroy(s->bulk_keys);
+}
+
+/*
+ * Adds the change whose values stand in s->values[0..n) (n = ncols, or the key columns for a
+ * delete) to its group: of its kind and shape, and of the generation after the key's last change
+ * in the batch. key_slots[k] is the value slot of key column k.
+ */
+static int bulk_add(sender_t *s, char kind, ces_item_t *item, table_t *t, const long *cols,
+                    size_t n, const size_t *key_slots) {
+    bool guard = s->a->lsn_guard && t->version_col >= 0;
+    size_t need = sizeof(t->id);
+    for (size_t k = 0; k < t->npk; k++)
+        need += sizeof(uint32_t) + (size_t)s->lengths[key_slots[k]];
+    if (need > s->key_capacity) {
+        char *key = realloc(s->key, need * 2);
+        if (key == NULL)
+            goto nomem;
+        s->key = key;
+        s->key_capacity = need * 2;
+    }
+    memcpy(s->key, &t->id, sizeof(t->id));
+    size_t kl = sizeof(t->id);
+    for (size_t k = 0; k < t->npk; k++) {
+        uint32_t len = (uint32_t)s->lengths[key_slots[k]];
+        memcpy(s->key + kl, &len, sizeof(len));
+        if (len > 0)
+            memcpy(s->key + kl + sizeof(len), s->values[key_slots[k]], len);
+        kl += sizeof(len) + len;
+    }
+    if (s->bulk_keys == NULL && (s->bulk_keys = ces_map_new()) == NULL)
+        goto nomem;
+    uintptr_t generation = (uintptr_t)ces_map_get(s->bulk_keys, s->key, kl);
+    if (generation >= BULK_MAX_GENERATIONS) {
+        if (bulk_send_all(s) != 0)
+            return -1;
+        generation = 0;
+    }
+    if (ces_map_put(s->bulk_keys, s->key, kl, (void *)(generation + 1)) != 0)
+        goto nomem;
+    if (generation >= s->generations)
+        s->generations = generation + 1;
+
+    size_t sig_size = 16 + n * 12;
+    if (sig_size > s->sig_capacity) {
+        char *sig = realloc(s->sig, sig_size * 2);
+        if (sig == NULL)
+            goto nomem;
+        s->sig = sig;
+        s->sig_capacity = sig_size * 2;
+    }
+    size_t sl = signature(s->sig, s->sig_capacity, kind, t, cols, cols ? n : 0);
+    size_t nv = n + (guard ? 1 : 0);
+    group_t *g = bulk_group(s, kind, generation, t, s->sig, sl, cols, n, nv);
+    if (g == NULL)
+        goto nomem;
+    if (g->nrows == g->rows_capacity) {
+        size_t cap = g->rows_capacity ? g->rows_capacity * 2 : 64;
+        const char **values = realloc(g->values, cap * nv * sizeof(*values));
+        if (values != NULL)
+            g->values = values;
+        int *lengths = realloc(g->lengths, cap * nv * sizeof(*lengths));
+        if (lengths != NULL)
+            g->lengths = lengths;
+        if (values == NULL || lengths == NULL)
+            goto nomem;
+        g->rows_capacity = cap;
+    }
+    const char **row = g->values + g->nrows * nv;
+    int *row_lengths = g->lengths + g->nrows * nv;
+    for (size_t j = 0; j < n; j++) {
+        row[j] = s->values[j];
+        row_lengths[j] = row[j] ? s->lengths[j] : 0;
+        g->bytes += (size_t)row_lengths[j];
+    }
+    if (guard) {
+        char version[64];
+        ces_version_format(&item->event.position, version, sizeof(version));
+        size_t len = strlen(version);
+        if ((row[n] = ces_arena_strndup(item->arena, version, len)) == NULL)
+            goto nomem;
+        row_lengths[n] = (int)len;
+        g->bytes += len;
+    }
+    g->nrows++;
+    if (g->nrows >= BULK_MAX_ROWS || g->bytes >= BULK_MAX_BYTES)
+        return bulk_send_all(s);
+    return 0;
+nomem:
+    set_error(s->e, ERR_FATAL, -1, NULL, "out of memory");
+    return -1;
+}
+
 static int send_delete(sender_t *s, long idx, ces_item_t *item, table_t *t,
-                       const ces_field_t *image, size_t nimage, const char **reject) {
+                       const ces_field_t *image, size_t nimage, bool bulk, const char **reject) {
     if (reserve_scratch(s, t->npk + 1) != 0)
         return -1;
     for (size_t k = 0; k < t->npk; k++) {
@@ -1541,6 +1903,12 @@ static int send_delete(sender_t *s, long idx, ces_item_t *item, table_t *t,
         }
         if (param_value(s, item, t, (long)t->pk[k], f, k) != 0)
             return -1;
+    }
+    if (bulk) {
+        size_t key_slots[t->npk + 1];
+        for (size_t k = 0; k < t->npk; k++)
+            key_slots[k] = k;
+        return bulk_add(s, 'd', item, t, NULL, t->npk, key_slots);
     }
     char sig[64];
     size_t sl = signature(sig, sizeof(sig), 'D', t, NULL, 0);
@@ -1572,7 +1940,8 @@ static int new_marks(sender_t *s, const table_t *t) {
     return 0;
 }
 
-static int send_upsert(sender_t *s, long idx, ces_item_t *item, table_t *t, const char **reject) {
+static int send_upsert(sender_t *s, long idx, ces_item_t *item, table_t *t, bool bulk,
+                       const char **reject) {
     const ces_event_t *ev = &item->event;
     const ces_field_t **fields;
     size_t n = 0;
@@ -1615,6 +1984,16 @@ static int send_upsert(sender_t *s, long idx, ces_item_t *item, table_t *t, cons
         if (param_value(s, item, t, s->cols[i], fields[i], i) != 0)
             return -1;
     }
+    if (bulk) {
+        size_t key_slots[t->npk + 1];
+        for (size_t i = 0; i < n; i++) {
+            for (size_t k = 0; k < t->npk; k++) {
+                if ((size_t)s->cols[i] == t->pk[k])
+                    key_slots[k] = i;
+            }
+        }
+        return bulk_add(s, 'u', item, t, s->cols, n, key_slots);
+    }
     size_t sig_size = 16 + n * 12;
     if (sig_size > s->sig_capacity) {
         char *sig = realloc(s->sig, sig_size * 2);
@@ -1656,7 +2035,7 @@ static bool key_changed(table_t *t, const ces_event_t *ev) {
 static int send_event(sender_t *s, long idx, ces_item_t *item, table_t *t, const char **reject) {
     const ces_event_t *ev = &item->event;
     if (ev->op == CES_OP_DELETE)
-        return send_delete(s, idx, item, t, ev->old, ev->nold, reject);
+        return send_delete(s, idx, item, t, ev->old, ev->nold, s->bulk, reject);
     if (ev->op == CES_OP_UPDATE && ev->nold == 0 && !t->warned_no_old_image) {
         /* include_old_values = 0 at the source: a changed key cannot be told from the new row. */
         ces_log_warning("table %s: UPD events carry no old row image (include_old_values = 0): "
@@ -1666,10 +2045,14 @@ static int send_event(sender_t *s, long idx, ces_item_t *item, table_t *t, const
         t->warned_no_old_image = true;
     }
     if (key_changed(t, ev)) {
-        if (send_delete(s, idx, item, t, ev->old, ev->nold, reject) != 0 || *reject != NULL)
+        /* A move touches two keys: it goes row by row, after whatever waits for either. */
+        if (bulk_send_all(s) != 0)
+            return -1;
+        if (send_delete(s, idx, item, t, ev->old, ev->nold, false, reject) != 0 || *reject != NULL)
             return *reject != NULL ? 0 : -1;
+        return send_upsert(s, idx, item, t, false, reject);
     }
-    return send_upsert(s, idx, item, t, reject);
+    return send_upsert(s, idx, item, t, s->bulk, reject);
 }
 
 static int send_dead_letter(sender_t *s, long idx, ces_item_t *item) {
@@ -1790,9 +2173,10 @@ static void abandon_step(sender_t *s, bool whole) {
         ces_log_debug("leaving pipeline mode: %s", PQerrorMessage(conn));
 }
 
-static void attempt(ces_apply_t *a, ces_batch_t *batch, step_t step, attempt_error_t *e) {
+static void attempt(ces_apply_t *a, ces_batch_t *batch, step_t step, bool bulk,
+                    attempt_error_t *e) {
     table_t **tables = calloc(batch->count + 1, sizeof(table_t *));
-    sender_t s = {.a = a, .batch = batch, .e = e};
+    sender_t s = {.a = a, .batch = batch, .e = e, .bulk = bulk};
     if (tables == NULL) {
         set_error(e, ERR_FATAL, -1, NULL, "out of memory");
         return;
@@ -1821,8 +2205,8 @@ static void attempt(ces_apply_t *a, ces_batch_t *batch, step_t step, attempt_err
         if (maybe_sync(&s) != 0 || e->cls != ERR_NONE)
             goto fail;
     }
-    if ((step != STEP_CHUNK && send_offsets(&s) != 0) || sync_and_drain(&s) != 0 ||
-        e->cls != ERR_NONE)
+    if (bulk_send_all(&s) != 0 || (step != STEP_CHUNK && send_offsets(&s) != 0) ||
+        sync_and_drain(&s) != 0 || e->cls != ERR_NONE)
         goto fail;
     if (s.fenced) {
         set_error(e, ERR_FENCED, -1, NULL,
@@ -1842,8 +2226,9 @@ fail:
         abandon(&s);
     else
         /* A data error undoes only this step; anything else loses the whole transaction. */
-        abandon_step(&s, e->cls != ERR_DATA || e->in_commit);
+        abandon_step(&s, (e->cls != ERR_DATA && e->cls != ERR_BULK) || e->in_commit);
 done:
+    bulk_free(&s);
     free(s.pending);
     free(s.values);
     free(s.lengths);
@@ -1887,6 +2272,7 @@ static void count_committed(const ces_batch_t *batch, ces_apply_stats_t *stats) 
 static ces_apply_status_t apply_step(ces_apply_t *a, ces_batch_t *batch, step_t step,
                                      ces_apply_stats_t *stats, char *errstr, size_t errstr_size) {
     bool commit_unknown = false;
+    bool bulk = true;
     for (;;) {
         if (step != STEP_WHOLE && !ces_apply_connected(a)) {
             snprintf(errstr, errstr_size, "the connection of the open transaction was lost");
@@ -1904,10 +2290,11 @@ static ces_apply_status_t apply_step(ces_apply_t *a, ces_batch_t *batch, step_t 
             return CES_APPLY_LOST;
         }
         attempt_error_t e = {.failed_item = -1};
-        attempt(a, batch, step, &e);
+        attempt(a, batch, step, bulk, &e);
         if (e.cls == ERR_NONE)
             break;
-        if (step != STEP_WHOLE && e.cls != ERR_DATA && e.cls != ERR_FENCED && e.cls != ERR_FATAL &&
+        if (step != STEP_WHOLE && e.cls != ERR_DATA && e.cls != ERR_BULK && e.cls != ERR_FENCED &&
+            e.cls != ERR_FATAL &&
             !(e.cls == ERR_RETRY && e.in_commit)) {
             /* The open transaction is gone: what was streamed must be read again. */
             snprintf(errstr, errstr_size, "%s", e.message);
@@ -1919,6 +2306,12 @@ static ces_apply_status_t apply_step(ces_apply_t *a, ces_batch_t *batch, step_t 
             return CES_APPLY_LOST;
         }
         switch (e.cls) {
+        case ERR_BULK:
+            ces_log_debug("a bulk statement was rejected (%s, SQLSTATE %s): applying the batch "
+                          "row by row",
+                          e.message, e.sqlstate);
+            bulk = false;
+            continue;
         case ERR_DATA:
             if (e.failed_item >= 0 && (size_t)e.failed_item < batch->count &&
                 batch->items[e.failed_item].kind == CES_ITEM_EVENT) {

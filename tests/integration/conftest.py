@@ -251,6 +251,8 @@ class Postgres:
                 "full_page_writes = off\n"
                 "shared_buffers = 32MB\n"
                 "max_connections = 50\n"
+                # lets tests count the statements ces2pg executed (its bulk path)
+                "shared_preload_libraries = 'pg_stat_statements'\n"
                 "log_line_prefix = '%m [%p] %q%u@%d %a: '\n"
                 "log_min_messages = warning\n"
                 "log_connections = off\n"
