@@ -506,10 +506,15 @@ static ces_pipeline_status_t stream_large_transaction(ces_pipeline_t *p, int64_t
                                                       char *errstr, size_t errstr_size);
 
 /* Keeps memory bounded: while too many events wait for ordering, partitions that are not holding
- * back the oldest transaction stop fetching; they resume once the backlog has halved. */
+ * back the oldest transaction stop fetching; they resume once the backlog has halved. A partition
+ * that holds it back is resumed at once, whatever the backlog: the oldest transaction moves on
+ * while others are paused, and a paused partition it has overtaken would otherwise wait for a
+ * backlog that cannot shrink until that partition moves. */
+typedef enum { BOUND_PAUSE, BOUND_HOLD, BOUND_RESUME } bound_mode_t;
+
 typedef struct {
     ces_pipeline_t *p;
-    bool pause;
+    bound_mode_t mode;
     bool have_oldest;
     ces_lsn_t oldest;
 } pause_scan_t;
@@ -522,7 +527,7 @@ static void scan_pause(void *value, void *arg) {
     /* A partition that has not passed the oldest transaction must keep going, or nothing moves. */
     bool needed = !ps->have_oldest || !part->has_frontier ||
                   ces_lsn_compare(part->frontier, ps->oldest) <= 0;
-    bool want = ps->pause && !needed;
+    bool want = !needed && (ps->mode == BOUND_PAUSE || (ps->mode == BOUND_HOLD && part->paused));
     if (want != part->paused &&
         ces_consumer_pause(ps->p->consumer, part->topic, part->partition, want) == 0)
         part->paused = want;
@@ -532,11 +537,11 @@ static void bound_memory(ces_pipeline_t *p) {
     if (p->order == NULL || p->options.max_pending_events == 0)
         return;
     size_t pending = ces_order_pending_events(p->order);
-    pause_scan_t ps = {p, false, false, {0, 0}};
+    pause_scan_t ps = {p, BOUND_RESUME, false, {0, 0}};
     if (pending >= p->options.max_pending_events)
-        ps.pause = true;
+        ps.mode = BOUND_PAUSE;
     else if (pending > p->options.max_pending_events / 2)
-        return; /* between the marks: leave partitions as they are */
+        ps.mode = BOUND_HOLD; /* between the marks: only needed partitions change */
     ps.have_oldest = ces_order_oldest(p->order, &ps.oldest, NULL);
     ces_map_each(p->partitions, scan_pause, &ps);
 }

@@ -37,3 +37,22 @@ def test_stream_10k_events_4_partitions(tmp_path, db, broker, ces2pg):
     assert daemon.terminate() == 0
     # A clean stop keeps everything (and moves no offset).
     assert monitor.poll() == producer.counts
+
+
+def test_memory_bound_never_stalls_the_stream(tmp_path, db, broker, ces2pg):
+    """A tight bound on held events (apply.max_pending_events) pauses partitions again and
+    again while transactions span all of them. A paused partition that the oldest held
+    transaction comes to need must be resumed at once: the backlog cannot halve before it moves,
+    so waiting for that stalled the stream for good."""
+    b = broker(partitions=4)
+    expect = generate(tmp_path, seed=20261202, events=8000, tables=3,
+                      extra_args=["--txn-size", "1-20"])
+    records = read_records(expect["_out"])
+    parts = stream_partitions(records, 4, "none")
+    daemon = ces2pg(db, b, group=GROUP,
+                    apply_extra=["max_pending_events = 100;"])
+    producer = PacedProducer(b, db, GROUP, "ces", records, parts).start()
+    producer.finish(timeout=120, daemons=[daemon])
+    wait_applied(db, GROUP, producer.counts, timeout=60, daemons=[daemon])
+    assert_tables_match(db, expect)
+    assert daemon.terminate() == 0
