@@ -7,13 +7,18 @@ CES2PG_BUILD_PACKAGES="build-essential cmake pkg-config librdkafka-dev libpq-dev
 CES2PG_DEMO_PACKAGES="postgresql-15 postgresql-client-15 python3 python3-confluent-kafka
   python3-psycopg2"
 # What the tests need on top of that.
-# (systemd for systemd-analyze, which checks the unit's hardening; python3-yaml reads the compose file.)
+# (systemd for systemd-analyze, which checks the unit's hardening; python3-yaml reads the compose file
+# and docker-compose, Compose 1.29, validates it with `docker-compose config` where the docker compose
+# plugin is absent.)
 CES2PG_TEST_PACKAGES="libcmocka-dev python3-pytest python3-avro kcat valgrind openssl clang libclang-rt-14-dev
-  systemd python3-yaml"
+  systemd python3-yaml docker-compose"
 # The real-broker tier (tests/realbroker): a JDK for Apache Kafka and Maven to fetch it (openssl,
 # for its certificates, is a test package above). scripts/test installs them when missing only under
 # CI; elsewhere the tier is skipped without them.
 CES2PG_KAFKA_PACKAGES="openjdk-17-jdk-headless maven"
+# scripts/check-image: podman (with runc and slirp4netns) builds docker/Dockerfile on a base made by
+# debootstrap and runs the images.
+CES2PG_IMAGE_PACKAGES="podman runc slirp4netns debootstrap"
 
 log() { printf '\033[1m== %s\033[0m\n' "$*" >&2; }
 die() { printf 'error: %s\n' "$*" >&2; exit 1; }
