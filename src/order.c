@@ -1,5 +1,7 @@
 #include "order.h"
 
+#include <stdbool.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -9,6 +11,25 @@ typedef struct {
     size_t count;
     size_t capacity;
 } txn_t;
+
+/* A binary min-heap of offsets. */
+typedef struct {
+    int64_t *v;
+    size_t n;
+    size_t cap;
+} heap_t;
+
+/* The offsets of one partition's records that held items cover. Items leave in LSN order, not in
+ * offset order (and joined segments bring older offsets late), so the smallest is kept in a heap;
+ * offsets that left go to a second heap and are dropped lazily when both tops agree. The position
+ * a partition may store is asked at every batch: this keeps that O(log n) instead of a walk over
+ * every held item. */
+typedef struct {
+    char *topic;
+    int32_t partition;
+    heap_t held;
+    heap_t left;
+} part_offsets_t;
 
 struct ces_order_s {
     txn_t **txns; /* sorted by LSN, oldest first, starting at head */
@@ -24,7 +45,92 @@ struct ces_order_s {
     size_t ring_used;
     uint32_t *slots; /* ring index + 1, 0 = empty; open addressing */
     size_t nslots;   /* power of two, > 2 * ring_size */
+    part_offsets_t *parts;
+    size_t nparts;
+    size_t parts_capacity;
+    bool nomem; /* an offset could not be recorded: min_offset walks the items instead */
 };
+
+static int heap_push(heap_t *h, int64_t x) {
+    if (h->n == h->cap) {
+        size_t cap = h->cap ? h->cap * 2 : 64;
+        int64_t *v = realloc(h->v, cap * sizeof(*v));
+        if (v == NULL)
+            return -1;
+        h->v = v;
+        h->cap = cap;
+    }
+    size_t i = h->n++;
+    while (i > 0 && h->v[(i - 1) / 2] > x) {
+        h->v[i] = h->v[(i - 1) / 2];
+        i = (i - 1) / 2;
+    }
+    h->v[i] = x;
+    return 0;
+}
+
+static void heap_pop(heap_t *h) {
+    int64_t x = h->v[--h->n];
+    size_t i = 0;
+    for (;;) {
+        size_t c = 2 * i + 1;
+        if (c >= h->n)
+            break;
+        if (c + 1 < h->n && h->v[c + 1] < h->v[c])
+            c++;
+        if (h->v[c] >= x)
+            break;
+        h->v[i] = h->v[c];
+        i = c;
+    }
+    if (h->n > 0)
+        h->v[i] = x;
+}
+
+static part_offsets_t *part_offsets(ces_order_t *o, const char *topic, int32_t partition,
+                                    bool create) {
+    for (size_t i = 0; i < o->nparts; i++) {
+        part_offsets_t *po = &o->parts[i];
+        if (po->partition == partition && (po->topic == topic || strcmp(po->topic, topic) == 0))
+            return po;
+    }
+    if (!create)
+        return NULL;
+    if (o->nparts == o->parts_capacity) {
+        size_t cap = o->parts_capacity ? o->parts_capacity * 2 : 8;
+        part_offsets_t *parts = realloc(o->parts, cap * sizeof(*parts));
+        if (parts == NULL)
+            return NULL;
+        o->parts = parts;
+        o->parts_capacity = cap;
+    }
+    part_offsets_t *po = &o->parts[o->nparts];
+    *po = (part_offsets_t){.topic = strdup(topic), .partition = partition};
+    if (po->topic == NULL)
+        return NULL;
+    o->nparts++;
+    return po;
+}
+
+/* Records that item's records are held (held) or left (!held). */
+static void track_offsets(ces_order_t *o, const ces_item_t *item, bool held) {
+    for (size_t m = 0; m <= item->nmore_sources && !o->nomem; m++) {
+        const ces_source_t *s = m == 0 ? &item->source : &item->more_sources[m - 1];
+        part_offsets_t *po = part_offsets(o, s->topic, s->partition, true);
+        if (po == NULL || heap_push(held ? &po->held : &po->left, s->offset) != 0)
+            o->nomem = true;
+    }
+}
+
+static void parts_clear(ces_order_t *o) {
+    for (size_t i = 0; i < o->nparts; i++) {
+        free(o->parts[i].topic);
+        free(o->parts[i].held.v);
+        free(o->parts[i].left.v);
+    }
+    o->nparts = 0;
+    o->nomem = false;
+}
 
 ces_order_t *ces_order_new(size_t dedup_window) {
     ces_order_t *o = calloc(1, sizeof(*o));
@@ -61,12 +167,14 @@ void ces_order_clear(ces_order_t *o, void (*release)(void *owner)) {
     o->head = 0;
     o->count = 0;
     o->events = 0;
+    parts_clear(o);
 }
 
 void ces_order_destroy(ces_order_t *o, void (*release)(void *owner)) {
     if (o == NULL)
         return;
     ces_order_clear(o, release);
+    free(o->parts);
     free(o->txns);
     free(o->ring);
     free(o->slots);
@@ -213,6 +321,7 @@ ces_order_status_t ces_order_add(ces_order_t *o, const ces_item_t *item,
     }
     t->items[t->count++] = *item;
     o->events++;
+    track_offsets(o, item, true);
     return CES_ORDER_HELD;
 }
 
@@ -243,6 +352,7 @@ long ces_order_pop_oldest(ces_order_t *o, ces_batch_t *batch, void (*release)(vo
     for (size_t i = 0; i < t->count; i++) {
         ces_item_t *src = &t->items[i];
         if (seen(o, &src->event.position)) {
+            track_offsets(o, src, false);
             o->duplicates++;
             if (release != NULL && src->owner != NULL)
                 release(src->owner);
@@ -257,6 +367,7 @@ long ces_order_pop_oldest(ces_order_t *o, ces_batch_t *batch, void (*release)(vo
             t->count -= i;
             return -1;
         }
+        track_offsets(o, src, false);
         *dst = *src;
         moved++;
     }
@@ -270,8 +381,22 @@ long ces_order_pop_oldest(ces_order_t *o, ces_batch_t *batch, void (*release)(vo
     return moved;
 }
 
-bool ces_order_min_offset(const ces_order_t *o, const char *topic, int32_t partition,
+bool ces_order_min_offset(ces_order_t *o, const char *topic, int32_t partition,
                           int64_t *offset) {
+    if (!o->nomem) {
+        part_offsets_t *po = part_offsets(o, topic, partition, false);
+        if (po == NULL)
+            return false;
+        while (po->held.n > 0 && po->left.n > 0 && po->held.v[0] == po->left.v[0]) {
+            heap_pop(&po->held);
+            heap_pop(&po->left);
+        }
+        if (po->held.n == 0)
+            return false;
+        *offset = po->held.v[0];
+        return true;
+    }
+    /* Out of memory once: the heaps are incomplete until the orderer is cleared. */
     bool found = false;
     for (size_t i = 0; i < o->count; i++) {
         const txn_t *t = o->txns[o->head + i];

@@ -45,7 +45,7 @@ long ces_order_pop_oldest(ces_order_t *order, ces_batch_t *batch, void (*release
 void ces_order_committed(ces_order_t *order, const ces_batch_t *batch);
 
 /* Lowest offset held for (topic, partition); false when none. */
-bool ces_order_min_offset(const ces_order_t *order, const char *topic, int32_t partition,
+bool ces_order_min_offset(ces_order_t *order, const char *topic, int32_t partition,
                           int64_t *offset);
 
 /* Drops everything held (after a rewind or revocation). */

@@ -71,6 +71,65 @@ static void groups_and_orders(void **state) {
     assert_int_equal(released, 5);
 }
 
+/* Held offsets against a brute-force model: items leave in LSN order, not offset order, and joined
+ * segments bring offsets older than those already held. */
+static void min_offsets_follow_what_is_held(void **state) {
+    (void)state;
+    enum { N = 400, PARTS = 3 };
+    ces_order_t *o = ces_order_new(0);
+    ces_batch_t batch = {0};
+    static ces_source_t more[N][2];
+    bool held[PARTS][4 * N] = {{false}};
+    uint32_t rnd = 12345;
+    int64_t next[PARTS] = {0, 0, 0};
+    released = 0;
+    for (int i = 0; i < N; i++) {
+        rnd = rnd * 1103515245u + 12345u;
+        int32_t part = (int32_t)((rnd >> 16) % PARTS);
+        /* LSNs out of arrival order: a later record may belong to an older transaction. */
+        ces_item_t it = item(1, 1000 + (rnd >> 8) % 50, (uint64_t)i, part, next[part]++);
+        if (i % 7 == 3) {
+            /* Segments of a later event arrive on the other partitions (offsets skipped now). */
+            for (int m = 0; m < 2; m++) {
+                int32_t mp = (part + 1 + m) % PARTS;
+                more[i + 4][m] = (ces_source_t){.topic = "ces", .partition = mp,
+                                                .offset = next[mp]++};
+            }
+        }
+        if (i % 7 == 0 && i >= 7) {
+            /* ... and the event joined from them comes later, older offsets with it. */
+            it.more_sources = more[i];
+            it.nmore_sources = 2;
+            for (int m = 0; m < 2; m++)
+                held[more[i][m].partition][more[i][m].offset] = true;
+        }
+        held[part][it.source.offset] = true;
+        assert_int_equal(ces_order_add(o, &it, release), CES_ORDER_HELD);
+        if (i % 5 == 4) {
+            long moved = ces_order_pop_oldest(o, &batch, release);
+            assert_true(moved > 0);
+            for (size_t b = 0; b < batch.count; b++) {
+                const ces_item_t *x = &batch.items[b];
+                held[x->source.partition][x->source.offset] = false;
+                for (size_t m = 0; m < x->nmore_sources; m++)
+                    held[x->more_sources[m].partition][x->more_sources[m].offset] = false;
+            }
+            ces_batch_clear(&batch, release);
+        }
+        for (int32_t p = 0; p < PARTS; p++) {
+            int64_t want = -1, got;
+            for (int64_t k = 0; k < 4 * N && want < 0; k++)
+                want = held[p][k] ? k : -1;
+            bool found = ces_order_min_offset(o, "ces", p, &got);
+            assert_int_equal(found, want >= 0);
+            if (found)
+                assert_int_equal(got, want);
+        }
+    }
+    ces_batch_free(&batch);
+    ces_order_destroy(o, release);
+}
+
 static void duplicates_held_and_committed(void **state) {
     (void)state;
     ces_order_t *o = ces_order_new(4);
@@ -136,6 +195,7 @@ static void dedup_window_survives_churn(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(groups_and_orders),
+        cmocka_unit_test(min_offsets_follow_what_is_held),
         cmocka_unit_test(duplicates_held_and_committed),
         cmocka_unit_test(dedup_window_survives_churn),
     };
