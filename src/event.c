@@ -176,3 +176,77 @@ void ces_event_dump(const ces_event_t *ev, FILE *out) {
     dump_fields(out, "old", ev->old, ev->nold);
     dump_fields(out, "current", ev->current, ev->ncurrent);
 }
+
+/* The arena rounds every allocation up to 16 bytes. */
+static size_t rounded(size_t n) { return (n + 15) & ~(size_t)15; }
+
+static size_t text_size(const char *s) { return s == NULL ? 0 : rounded(strlen(s) + 1); }
+
+static size_t fields_size(const ces_field_t *f, size_t n) {
+    size_t size = rounded(n * sizeof(*f));
+    for (size_t i = 0; i < n; i++)
+        size += text_size(f[i].name) + (f[i].value ? rounded(f[i].value_len + 1) : 0);
+    return size;
+}
+
+size_t ces_event_copy_size(const ces_event_t *e) {
+    size_t size = text_size(e->id) + text_size(e->logicalid) + text_size(e->time) +
+                  text_size(e->db) + text_size(e->schema) + text_size(e->table);
+    size += rounded(e->ncols * sizeof(*e->cols));
+    for (size_t i = 0; i < e->ncols; i++)
+        size += text_size(e->cols[i].name) + text_size(e->cols[i].type);
+    return size + fields_size(e->pkkey, e->npkkey) + fields_size(e->old, e->nold) +
+           fields_size(e->current, e->ncurrent);
+}
+
+static int copy_text(ces_arena_t *arena, const char *s, const char **out) {
+    *out = NULL;
+    if (s == NULL)
+        return 0;
+    *out = ces_arena_strndup(arena, s, strlen(s));
+    return *out == NULL ? -1 : 0;
+}
+
+static int copy_fields(ces_arena_t *arena, const ces_field_t *f, size_t n, ces_field_t **out) {
+    *out = NULL;
+    if (n == 0)
+        return 0;
+    ces_field_t *c = ces_arena_alloc(arena, n * sizeof(*c));
+    if (c == NULL)
+        return -1;
+    for (size_t i = 0; i < n; i++) {
+        c[i] = f[i];
+        if (copy_text(arena, f[i].name, &c[i].name) != 0)
+            return -1;
+        if (f[i].value != NULL &&
+            (c[i].value = ces_arena_strndup(arena, f[i].value, f[i].value_len)) == NULL)
+            return -1;
+    }
+    *out = c;
+    return 0;
+}
+
+int ces_event_copy(const ces_event_t *e, ces_arena_t *arena, ces_event_t *copy) {
+    *copy = *e;
+    if (copy_text(arena, e->id, &copy->id) != 0 ||
+        copy_text(arena, e->logicalid, &copy->logicalid) != 0 ||
+        copy_text(arena, e->time, &copy->time) != 0 || copy_text(arena, e->db, &copy->db) != 0 ||
+        copy_text(arena, e->schema, &copy->schema) != 0 ||
+        copy_text(arena, e->table, &copy->table) != 0)
+        return -1;
+    copy->cols = NULL;
+    if (e->ncols > 0) {
+        if ((copy->cols = ces_arena_alloc(arena, e->ncols * sizeof(*copy->cols))) == NULL)
+            return -1;
+        for (size_t i = 0; i < e->ncols; i++) {
+            if (copy_text(arena, e->cols[i].name, &copy->cols[i].name) != 0 ||
+                copy_text(arena, e->cols[i].type, &copy->cols[i].type) != 0)
+                return -1;
+        }
+    }
+    if (copy_fields(arena, e->pkkey, e->npkkey, &copy->pkkey) != 0 ||
+        copy_fields(arena, e->old, e->nold, &copy->old) != 0 ||
+        copy_fields(arena, e->current, e->ncurrent, &copy->current) != 0)
+        return -1;
+    return 0;
+}

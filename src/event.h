@@ -12,6 +12,8 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "arena.h"
+
 /* A commit LSN "VLF:block:slot" as the number (VLF << 48) | (block << 16) | slot (CES.md §4). It is
  * 80 bits wide, so it is kept as two words compared high first. */
 typedef struct {
@@ -80,6 +82,14 @@ int ces_position_compare(const ces_position_t *a, const ces_position_t *b);
 void ces_version_format(const ces_position_t *position, char *buf, size_t size);
 
 const char *ces_op_name(ces_op_t op);
+
+/* Bytes that ces_event_copy takes from an arena for event (strings, arrays, alignment). */
+size_t ces_event_copy_size(const ces_event_t *event);
+
+/* Copies event and everything it points to into arena (owned by it): decoding leaves the JSON
+ * trees behind in its own arena, several times the size of the event itself. Returns 0, or -1
+ * when out of memory. */
+int ces_event_copy(const ces_event_t *event, ces_arena_t *arena, ces_event_t *copy);
 
 /* Returns the field named name (exact match), or NULL. */
 const ces_field_t *ces_fields_find(const ces_field_t *fields, size_t count, const char *name);

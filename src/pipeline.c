@@ -339,14 +339,21 @@ static ces_pipeline_status_t handle_reasm(ces_pipeline_t *p, ces_reasm_status_t 
 
 ces_pipeline_status_t ces_pipeline_add(ces_pipeline_t *p, const ces_record_t *rec, int64_t now_ms,
                                        char *errstr, size_t errstr_size) {
-    void *owner = rec->handle;
-    /* The decoded tree and strings take about as much as the record (twice when it is copied). */
-    ces_arena_t *arena = ces_arena_new_sized(rec->len * (owner ? 1 : 2) + 512);
+    /* The record is copied and librdkafka's message released at once: a message keeps the whole
+     * buffer of its fetch alive (decompressed, up to max.partition.fetch.bytes), so thousands of
+     * held events would pin hundreds of megabytes for a few kilobytes each. */
+    void *owner = NULL;
+    /* The decoded tree and strings take about as much again as the record. */
+    ces_arena_t *arena = ces_arena_new_sized(rec->len * 2 + 512);
     if (arena == NULL) {
-        release_owner(owner);
+        release_owner(rec->handle);
         snprintf(errstr, errstr_size, "out of memory");
         return CES_PIPELINE_FATAL;
     }
+    const void *raw = ces_arena_strndup(arena, rec->value, rec->len);
+    release_owner(rec->handle);
+    if (raw == NULL)
+        goto nomem;
     ces_source_t source = {.topic = NULL, .partition = rec->partition, .offset = rec->offset};
     partition_t *part = partition_get(p, rec->topic, rec->partition, true);
     if (part == NULL)
@@ -363,12 +370,6 @@ ces_pipeline_status_t ces_pipeline_add(ces_pipeline_t *p, const ces_record_t *re
     if (p->batch.count == 0)
         p->batch_started_ms = now_ms;
 
-    const void *raw = rec->value;
-    if (owner == NULL) {
-        raw = ces_arena_strndup(arena, rec->value, rec->len);
-        if (raw == NULL)
-            goto nomem;
-    }
     ces_envelope_t env;
     char reason[512];
     ces_decode_status_t st =
@@ -385,7 +386,18 @@ ces_pipeline_status_t ces_pipeline_add(ces_pipeline_t *p, const ces_record_t *re
         st = ces_decode_event(p->decoder, arena, &env, env.data, env.data_len, &event, reason,
                               sizeof(reason));
         if (st == CES_DECODE_OK) {
-            if (add_event(p, &source, &event, raw, rec->len, arena, owner, NULL, 0) != 0)
+            /* Held, the event keeps only itself and its record: the decoding arena, JSON trees
+             * included, is several times their size. */
+            ces_arena_t *compact =
+                ces_arena_new_sized(ces_event_copy_size(&event) + rec->len + 16 + 64);
+            ces_event_t held;
+            const void *held_raw = compact ? ces_arena_strndup(compact, raw, rec->len) : NULL;
+            if (held_raw == NULL || ces_event_copy(&event, compact, &held) != 0) {
+                ces_arena_destroy(compact);
+                goto nomem;
+            }
+            ces_arena_destroy(arena);
+            if (add_event(p, &source, &held, held_raw, rec->len, compact, owner, NULL, 0) != 0)
                 goto nomem_taken;
             return CES_PIPELINE_OK;
         }
