@@ -1614,12 +1614,28 @@ static void build_bulk_delete(sb_t *sql, const ces_apply_t *a, const table_t *t,
     build_delete_sql(sql, a, t, true);
 }
 
-/* The signature that names a statement: its kind, table and column list. */
+/* Appends ",<v>" in decimal (formatted by hand: this runs for every column of every change). */
+static size_t put_number(char *buf, unsigned long v) {
+    char digits[24];
+    size_t n = 0;
+    do {
+        digits[n++] = (char)('0' + v % 10);
+        v /= 10;
+    } while (v > 0);
+    buf[0] = ',';
+    for (size_t i = 0; i < n; i++)
+        buf[1 + i] = digits[n - 1 - i];
+    return n + 1;
+}
+
+/* The signature names a statement: its kind, table and column list. size must allow 16 + 12 per
+ * column (a column index is at most 10 digits). */
 static size_t signature(char *buf, size_t size, char kind, const table_t *t, const long *cols,
                         size_t n) {
-    size_t len = (size_t)snprintf(buf, size, "%c%u", kind, t->id);
+    buf[0] = kind;
+    size_t len = 1 + put_number(buf + 1, t->id);
     for (size_t i = 0; i < n && len + 12 < size; i++)
-        len += (size_t)snprintf(buf + len, size - len, ",%ld", cols[i]);
+        len += put_number(buf + len, (unsigned long)cols[i]);
     return len;
 }
 
