@@ -48,13 +48,9 @@ int ces_batch_item_reject(ces_item_t *item, const char *reason) {
     return 0;
 }
 
-void ces_batch_clear(ces_batch_t *batch, void (*release)(void *owner)) {
-    for (size_t i = 0; i < batch->count; i++) {
-        ces_item_t *item = &batch->items[i];
-        if (item->owner != NULL && release != NULL)
-            release(item->owner);
-        ces_arena_destroy(item->arena);
-    }
+void ces_batch_clear(ces_batch_t *batch) {
+    for (size_t i = 0; i < batch->count; i++)
+        ces_arena_destroy(batch->items[i].arena);
     batch->count = 0;
     batch->noffsets = 0;
 }

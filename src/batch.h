@@ -37,8 +37,8 @@ typedef struct {
     size_t raw_len;
     const ces_source_t *more_sources; /* other records this item covers (segments), in arena */
     size_t nmore_sources;
-    ces_arena_t *arena;  /* owned by the item */
-    void *owner;         /* owned by the item: what keeps raw alive (a Kafka message), or NULL */
+    ces_arena_t *arena;  /* owned by the item; raw lives in it too (the Kafka message is released
+                          * as soon as the record is copied) */
 } ces_item_t;
 
 /* The position to store for one partition, fenced on the value read from PostgreSQL. */
@@ -67,8 +67,8 @@ int ces_batch_set_offset(ces_batch_t *batch, const ces_offset_update_t *update);
 /* Turns an event item into a dead letter with a copy of reason. Returns 0, or -1 (no memory). */
 int ces_batch_item_reject(ces_item_t *item, const char *reason);
 
-/* Frees every item's arena (release is called on each item's owner) and empties the batch. */
-void ces_batch_clear(ces_batch_t *batch, void (*release)(void *owner));
+/* Frees every item's arena and empties the batch. */
+void ces_batch_clear(ces_batch_t *batch);
 /* Frees the arrays. */
 void ces_batch_free(ces_batch_t *batch);
 

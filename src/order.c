@@ -144,36 +144,33 @@ ces_order_t *ces_order_new(size_t dedup_window) {
         o->ring = calloc(dedup_window, sizeof(ces_position_t));
         o->slots = calloc(o->nslots, sizeof(uint32_t));
         if (o->ring == NULL || o->slots == NULL) {
-            ces_order_destroy(o, NULL);
+            ces_order_destroy(o);
             return NULL;
         }
     }
     return o;
 }
 
-static void txn_free(txn_t *t, void (*release)(void *owner)) {
-    for (size_t i = 0; i < t->count; i++) {
-        if (release != NULL && t->items[i].owner != NULL)
-            release(t->items[i].owner);
+static void txn_free(txn_t *t) {
+    for (size_t i = 0; i < t->count; i++)
         ces_arena_destroy(t->items[i].arena);
-    }
     free(t->items);
     free(t);
 }
 
-void ces_order_clear(ces_order_t *o, void (*release)(void *owner)) {
+void ces_order_clear(ces_order_t *o) {
     for (size_t i = 0; i < o->count; i++)
-        txn_free(o->txns[o->head + i], release);
+        txn_free(o->txns[o->head + i]);
     o->head = 0;
     o->count = 0;
     o->events = 0;
     parts_clear(o);
 }
 
-void ces_order_destroy(ces_order_t *o, void (*release)(void *owner)) {
+void ces_order_destroy(ces_order_t *o) {
     if (o == NULL)
         return;
-    ces_order_clear(o, release);
+    ces_order_clear(o);
     free(o->parts);
     free(o->txns);
     free(o->ring);
@@ -294,8 +291,7 @@ static txn_t *find_or_insert(ces_order_t *o, ces_lsn_t lsn) {
     return t;
 }
 
-ces_order_status_t ces_order_add(ces_order_t *o, const ces_item_t *item,
-                                 void (*release)(void *owner)) {
+ces_order_status_t ces_order_add(ces_order_t *o, const ces_item_t *item) {
     const ces_position_t *pos = &item->event.position;
     /* Checked before a transaction is made for it: an empty one would block the release order. */
     bool duplicate = seen(o, pos);
@@ -306,8 +302,6 @@ ces_order_status_t ces_order_add(ces_order_t *o, const ces_item_t *item,
         duplicate = t->items[i].event.position.sequence == pos->sequence;
     if (duplicate) {
         o->duplicates++;
-        if (release != NULL && item->owner != NULL)
-            release(item->owner);
         ces_arena_destroy(item->arena);
         return CES_ORDER_DUPLICATE;
     }
@@ -343,7 +337,7 @@ static int by_sequence(const void *a, const void *b) {
     return 0;
 }
 
-long ces_order_pop_oldest(ces_order_t *o, ces_batch_t *batch, void (*release)(void *owner)) {
+long ces_order_pop_oldest(ces_order_t *o, ces_batch_t *batch) {
     if (o->count == 0)
         return 0;
     txn_t *t = o->txns[o->head];
@@ -354,8 +348,6 @@ long ces_order_pop_oldest(ces_order_t *o, ces_batch_t *batch, void (*release)(vo
         if (seen(o, &src->event.position)) {
             track_offsets(o, src, false);
             o->duplicates++;
-            if (release != NULL && src->owner != NULL)
-                release(src->owner);
             ces_arena_destroy(src->arena);
             continue;
         }

@@ -20,8 +20,8 @@ typedef struct ces_order_s ces_order_t;
 
 /* dedup_window: how many committed positions are remembered to recognise duplicates. */
 ces_order_t *ces_order_new(size_t dedup_window);
-/* Frees every held item (release is called on each owner). Accepts NULL. */
-void ces_order_destroy(ces_order_t *order, void (*release)(void *owner));
+/* Frees every held item. Accepts NULL. */
+void ces_order_destroy(ces_order_t *order);
 
 typedef enum {
     CES_ORDER_HELD,
@@ -29,9 +29,8 @@ typedef enum {
     CES_ORDER_NOMEM,
 } ces_order_status_t;
 
-/* Takes an event item (its arena and owner). */
-ces_order_status_t ces_order_add(ces_order_t *order, const ces_item_t *item,
-                                 void (*release)(void *owner));
+/* Takes an event item (its arena). */
+ces_order_status_t ces_order_add(ces_order_t *order, const ces_item_t *item);
 
 /* The oldest held transaction: false when nothing is held. */
 bool ces_order_oldest(const ces_order_t *order, ces_lsn_t *lsn, size_t *events);
@@ -39,7 +38,7 @@ bool ces_order_oldest(const ces_order_t *order, ces_lsn_t *lsn, size_t *events);
 /* Moves the oldest transaction's items, in sequence order, to the end of batch. Items already
  * committed (recently seen positions) are released instead. Returns the number moved, -1 when
  * out of memory. */
-long ces_order_pop_oldest(ces_order_t *order, ces_batch_t *batch, void (*release)(void *owner));
+long ces_order_pop_oldest(ces_order_t *order, ces_batch_t *batch);
 
 /* Remembers the positions of the committed event items of batch (for duplicate detection). */
 void ces_order_committed(ces_order_t *order, const ces_batch_t *batch);
@@ -49,7 +48,7 @@ bool ces_order_min_offset(ces_order_t *order, const char *topic, int32_t partiti
                           int64_t *offset);
 
 /* Drops everything held (after a rewind or revocation). */
-void ces_order_clear(ces_order_t *order, void (*release)(void *owner));
+void ces_order_clear(ces_order_t *order);
 
 size_t ces_order_pending_events(const ces_order_t *order);
 size_t ces_order_pending_transactions(const ces_order_t *order);

@@ -53,8 +53,6 @@ int64_t ces_now_ms(void) {
     return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
-static void release_owner(void *owner) { ces_consumer_release(owner); }
-
 static void partition_free(void *value, void *arg) {
     (void)arg;
     partition_t *p = value;
@@ -85,10 +83,10 @@ ces_pipeline_t *ces_pipeline_new(const ces_pipeline_options_t *options, ces_deco
 void ces_pipeline_destroy(ces_pipeline_t *p) {
     if (p == NULL)
         return;
-    ces_batch_clear(&p->batch, release_owner);
+    ces_batch_clear(&p->batch);
     ces_batch_free(&p->batch);
-    ces_reasm_destroy(p->reasm, release_owner);
-    ces_order_destroy(p->order, release_owner);
+    ces_reasm_destroy(p->reasm);
+    ces_order_destroy(p->order);
     if (p->partitions != NULL)
         ces_map_clear(p->partitions, partition_free, NULL);
     ces_map_destroy(p->partitions);
@@ -129,20 +127,18 @@ static partition_t *partition_get(ces_pipeline_t *p, const char *topic, int32_t 
     return part;
 }
 
-/* Adds a dead-letter item; takes arena and owner. */
+/* Adds a dead-letter item; takes arena. */
 static int add_dead_letter(ces_pipeline_t *p, const ces_source_t *source, const char *reason,
                            const char *logicalid, const void *raw, size_t raw_len,
-                           ces_arena_t *arena, void *owner) {
+                           ces_arena_t *arena) {
     ces_item_t *item = ces_batch_add(&p->batch);
     if (item == NULL) {
-        release_owner(owner);
         ces_arena_destroy(arena);
         return -1;
     }
     item->kind = CES_ITEM_DEAD_LETTER;
     item->source = *source;
     item->arena = arena;
-    item->owner = owner;
     item->raw = raw;
     item->raw_len = raw_len;
     item->reason = ces_arena_strndup(arena, reason, strlen(reason));
@@ -181,10 +177,10 @@ static void advance_frontier(ces_pipeline_t *p, const ces_source_t *source, ces_
     }
 }
 
-/* An event item: straight into the batch (partition mode) or held by the orderer. Takes arena and
- * owner; sources lists the other records the event was joined from (may be NULL). */
+/* An event item: straight into the batch (partition mode) or held by the orderer. Takes arena;
+ * more lists the other records the event was joined from (may be NULL). */
 static int add_event(ces_pipeline_t *p, const ces_source_t *source, const ces_event_t *event,
-                     const void *raw, size_t raw_len, ces_arena_t *arena, void *owner,
+                     const void *raw, size_t raw_len, ces_arena_t *arena,
                      const ces_source_t *more, size_t nmore) {
     if ((unsigned)event->op < 4)
         p->stats.events_consumed[event->op]++;
@@ -196,7 +192,6 @@ static int add_event(ces_pipeline_t *p, const ces_source_t *source, const ces_ev
     }
     if (!table_selected(p, event)) {
         p->stats.excluded++;
-        release_owner(owner);
         ces_arena_destroy(arena);
         return 0;
     }
@@ -210,12 +205,10 @@ static int add_event(ces_pipeline_t *p, const ces_source_t *source, const ces_ev
         .raw = raw,
         .raw_len = raw_len,
         .arena = arena,
-        .owner = owner,
     };
     if (p->order == NULL) {
         ces_item_t *item = ces_batch_add(&p->batch);
         if (item == NULL) {
-            release_owner(owner);
             ces_arena_destroy(arena);
             return -1;
         }
@@ -227,7 +220,7 @@ static int add_event(ces_pipeline_t *p, const ces_source_t *source, const ces_ev
     char logicalid[160] = "";
     if (ces_log_current_level >= CES_LOG_DEBUG)
         snprintf(logicalid, sizeof(logicalid), "%s", event->logicalid ? event->logicalid : "");
-    switch (ces_order_add(p->order, &tmp, release_owner)) {
+    switch (ces_order_add(p->order, &tmp)) {
     case CES_ORDER_HELD:
         return 0;
     case CES_ORDER_DUPLICATE:
@@ -239,7 +232,6 @@ static int add_event(ces_pipeline_t *p, const ces_source_t *source, const ces_ev
     case CES_ORDER_NOMEM:
         break;
     }
-    release_owner(owner);
     ces_arena_destroy(arena);
     return -1;
 }
@@ -255,12 +247,12 @@ static int give_up_group(ces_pipeline_t *p, ces_reasm_group_t *g, const char *re
     int rc = 0;
     for (size_t i = 0; i < g->count; i++) {
         ces_segment_t *s = &g->segments[i];
-        if (add_dead_letter(p, &s->source, reason, g->logicalid, s->raw, s->raw_len, s->arena,
-                            s->owner) != 0)
+        if (add_dead_letter(p, &s->source, reason, g->logicalid, s->raw, s->raw_len,
+                            s->arena) != 0)
             rc = -1;
     }
     g->count = 0; /* every segment now belongs to an item */
-    ces_reasm_group_free(g, NULL);
+    ces_reasm_group_free(g);
     return rc;
 }
 
@@ -312,8 +304,8 @@ static int add_joined(ces_pipeline_t *p, ces_reasm_group_t *g, char *errstr, siz
         for (size_t i = 1; i < g->count; i++)
             more[i - 1] = g->segments[i].source;
     }
-    int rc = add_event(p, &source, &event, data, g->data_len, arena, NULL, more, g->count - 1);
-    ces_reasm_group_free(g, release_owner);
+    int rc = add_event(p, &source, &event, data, g->data_len, arena, more, g->count - 1);
+    ces_reasm_group_free(g);
     return rc;
 }
 
@@ -342,16 +334,15 @@ ces_pipeline_status_t ces_pipeline_add(ces_pipeline_t *p, const ces_record_t *re
     /* The record is copied and librdkafka's message released at once: a message keeps the whole
      * buffer of its fetch alive (decompressed, up to max.partition.fetch.bytes), so thousands of
      * held events would pin hundreds of megabytes for a few kilobytes each. */
-    void *owner = NULL;
     /* The decoded tree and strings take about as much again as the record. */
     ces_arena_t *arena = ces_arena_new_sized(rec->len * 2 + 512);
     if (arena == NULL) {
-        release_owner(rec->handle);
+        ces_consumer_release(rec->handle);
         snprintf(errstr, errstr_size, "out of memory");
         return CES_PIPELINE_FATAL;
     }
     const void *raw = ces_arena_strndup(arena, rec->value, rec->len);
-    release_owner(rec->handle);
+    ces_consumer_release(rec->handle);
     if (raw == NULL)
         goto nomem;
     ces_source_t source = {.topic = NULL, .partition = rec->partition, .offset = rec->offset};
@@ -377,7 +368,7 @@ ces_pipeline_status_t ces_pipeline_add(ces_pipeline_t *p, const ces_record_t *re
     if (st == CES_DECODE_NOMEM)
         goto nomem;
     if (st == CES_DECODE_REJECTED) {
-        if (add_dead_letter(p, &source, reason, NULL, raw, rec->len, arena, owner) != 0)
+        if (add_dead_letter(p, &source, reason, NULL, raw, rec->len, arena) != 0)
             goto nomem_taken;
         return CES_PIPELINE_OK;
     }
@@ -397,7 +388,7 @@ ces_pipeline_status_t ces_pipeline_add(ces_pipeline_t *p, const ces_record_t *re
                 goto nomem;
             }
             ces_arena_destroy(arena);
-            if (add_event(p, &source, &held, held_raw, rec->len, compact, owner, NULL, 0) != 0)
+            if (add_event(p, &source, &held, held_raw, rec->len, compact, NULL, 0) != 0)
                 goto nomem_taken;
             return CES_PIPELINE_OK;
         }
@@ -406,15 +397,14 @@ ces_pipeline_status_t ces_pipeline_add(ces_pipeline_t *p, const ces_record_t *re
         /* A current-generation record with index 1 and finalsegment may also be the last of two
          * 0-based segments: only then does its data fail to decode on its own. */
         if (env.legacy || env.index != 1 || env.data == NULL) {
-            if (add_dead_letter(p, &source, reason, env.logicalid, raw, rec->len, arena, owner) !=
-                0)
+            if (add_dead_letter(p, &source, reason, env.logicalid, raw, rec->len, arena) != 0)
                 goto nomem_taken;
             return CES_PIPELINE_OK;
         }
     }
     if (env.data == NULL) {
         if (add_dead_letter(p, &source, "a segment must carry data as a string", env.logicalid,
-                            raw, rec->len, arena, owner) != 0)
+                            raw, rec->len, arena) != 0)
             goto nomem_taken;
         return CES_PIPELINE_OK;
     }
@@ -429,14 +419,12 @@ ces_pipeline_status_t ces_pipeline_add(ces_pipeline_t *p, const ces_record_t *re
         .raw = raw,
         .raw_len = rec->len,
         .arena = arena,
-        .owner = owner,
     };
     ces_reasm_group_t *group = NULL;
-    ces_reasm_status_t rs = ces_reasm_add(p->reasm, env.logicalid, &seg, now_ms, &group, reason,
-                                          sizeof(reason), release_owner);
+    ces_reasm_status_t rs =
+        ces_reasm_add(p->reasm, env.logicalid, &seg, now_ms, &group, reason, sizeof(reason));
     return handle_reasm(p, rs, group, reason, errstr, errstr_size);
 nomem:
-    release_owner(owner);
     ces_arena_destroy(arena);
 nomem_taken:
     snprintf(errstr, errstr_size, "out of memory");
@@ -505,7 +493,7 @@ static int release_transactions(ces_pipeline_t *p, int64_t now_ms, bool drain) {
             p->batch_started_ms = now_ms;
         if (p->streaming && ces_lsn_compare(lsn, p->stream_lsn) >= 0)
             p->stream_complete = true; /* ready at lsn means ready at the streamed one too */
-        if (ces_order_pop_oldest(p->order, &p->batch, release_owner) < 0)
+        if (ces_order_pop_oldest(p->order, &p->batch) < 0)
             return -1;
         /* Whole transactions only: the batch may grow past its size by the last one. */
         if (p->batch.count >= p->options.batch_max_events && !drain)
@@ -737,7 +725,7 @@ ces_pipeline_status_t ces_pipeline_flush(ces_pipeline_t *p, char *errstr, size_t
     if (!commit) {
         p->stream_stats.events_applied += st.events_applied;
         p->stream_stats.dead_letters += st.dead_letters;
-        ces_batch_clear(&p->batch, release_owner);
+        ces_batch_clear(&p->batch);
         return CES_PIPELINE_OK;
     }
     p->stats.events_applied += st.events_applied + p->stream_stats.events_applied;
@@ -762,7 +750,7 @@ ces_pipeline_status_t ces_pipeline_flush(ces_pipeline_t *p, char *errstr, size_t
         if (p->consumer != NULL)
             ces_consumer_store_offset(p->consumer, o->topic, o->partition, o->next);
     }
-    ces_batch_clear(&p->batch, release_owner);
+    ces_batch_clear(&p->batch);
     return CES_PIPELINE_OK;
 }
 
@@ -820,7 +808,7 @@ static ces_pipeline_status_t stream_large_transaction(ces_pipeline_t *p, int64_t
     }
     if (p->batch.count == 0)
         p->batch_started_ms = now_ms;
-    if (ces_order_pop_oldest(p->order, &p->batch, release_owner) < 0) {
+    if (ces_order_pop_oldest(p->order, &p->batch) < 0) {
         snprintf(errstr, errstr_size, "out of memory");
         return CES_PIPELINE_FATAL;
     }
@@ -869,13 +857,13 @@ static void rewind_partition(void *value, void *arg) {
 }
 
 static ces_pipeline_status_t rewind_all(ces_pipeline_t *p, char *errstr, size_t errstr_size) {
-    ces_batch_clear(&p->batch, release_owner);
+    ces_batch_clear(&p->batch);
     ces_reasm_group_t *g;
     while ((g = ces_reasm_take_any(p->reasm)) != NULL)
-        ces_reasm_group_free(g, release_owner);
+        ces_reasm_group_free(g);
     ces_reasm_forget_completed(p->reasm);
     if (p->order != NULL)
-        ces_order_clear(p->order, release_owner);
+        ces_order_clear(p->order);
     ces_apply_stream_abort(p->apply);
     p->streaming = false;
     p->stream_complete = false;

@@ -80,8 +80,9 @@ void ces_pipeline_destroy(ces_pipeline_t *pipeline);
 void ces_pipeline_set_consumer(ces_pipeline_t *pipeline, ces_consumer_t *consumer);
 
 /*
- * Takes one record. With a handle, the pipeline owns the handle from now on and releases it through
- * the consumer; without one, the bytes are copied.
+ * Takes one record. The pipeline copies the record's bytes and, with a handle, releases the handle
+ * through the consumer before returning, whatever the status: the caller must not use the handle
+ * (or the value it points into) afterwards. Held work never keeps a librdkafka message alive.
  */
 ces_pipeline_status_t ces_pipeline_add(ces_pipeline_t *pipeline, const ces_record_t *record,
                                        int64_t now_ms, char *errstr, size_t errstr_size);

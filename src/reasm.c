@@ -82,14 +82,11 @@ static void forget_one(ces_reasm_t *r, const char *logicalid) {
     }
 }
 
-void ces_reasm_group_free(ces_reasm_group_t *g, void (*release)(void *owner)) {
+void ces_reasm_group_free(ces_reasm_group_t *g) {
     if (g == NULL)
         return;
-    for (size_t i = 0; i < g->count; i++) {
-        if (release != NULL && g->segments[i].owner != NULL)
-            release(g->segments[i].owner);
+    for (size_t i = 0; i < g->count; i++)
         ces_arena_destroy(g->segments[i].arena);
-    }
     free(g->segments);
     free(g->logicalid);
     free(g->data);
@@ -112,12 +109,12 @@ static ces_reasm_group_t *hand_back(ces_reasm_t *r, group_t *grp) {
     return out;
 }
 
-void ces_reasm_destroy(ces_reasm_t *r, void (*release)(void *owner)) {
+void ces_reasm_destroy(ces_reasm_t *r) {
     if (r == NULL)
         return;
     ces_reasm_group_t *g;
     while ((g = ces_reasm_take_any(r)) != NULL)
-        ces_reasm_group_free(g, release);
+        ces_reasm_group_free(g);
     if (r->completed != NULL)
         ces_reasm_forget_completed(r);
     ces_map_destroy(r->completed);
@@ -182,12 +179,9 @@ static int join(group_t *grp) {
 
 ces_reasm_status_t ces_reasm_add(ces_reasm_t *r, const char *logicalid,
                                  const ces_segment_t *seg, int64_t now_ms,
-                                 ces_reasm_group_t **out, char *reason, size_t reason_size,
-                                 void (*release)(void *owner)) {
+                                 ces_reasm_group_t **out, char *reason, size_t reason_size) {
     *out = NULL;
     if (ces_map_get(r->completed, logicalid, strlen(logicalid)) != NULL) {
-        if (release != NULL && seg->owner != NULL)
-            release(seg->owner);
         ces_arena_destroy(seg->arena);
         return CES_REASM_DUPLICATE;
     }
@@ -206,8 +200,6 @@ ces_reasm_status_t ces_reasm_add(ces_reasm_t *r, const char *logicalid,
     for (size_t i = 0; i < grp->g.count; i++) {
         if (grp->g.segments[i].index == seg->index) {
             /* A resent duplicate: the copy we hold is as good. */
-            if (release != NULL && seg->owner != NULL)
-                release(seg->owner);
             ces_arena_destroy(seg->arena);
             return CES_REASM_HELD;
         }

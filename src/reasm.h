@@ -22,7 +22,7 @@ typedef struct {
     int64_t timeout_ms;  /* an incomplete group older than this is given up */
 } ces_reasm_limits_t;
 
-/* One segment. The reassembler owns arena and owner while it holds the segment. */
+/* One segment. The reassembler owns arena while it holds the segment. */
 typedef struct {
     ces_source_t source;
     ces_envelope_t envelope; /* its strings live in arena */
@@ -34,11 +34,10 @@ typedef struct {
     const void *raw; /* the record, kept for a dead letter */
     size_t raw_len;
     ces_arena_t *arena;
-    void *owner;
 } ces_segment_t;
 
 /* A group handed back: complete (data holds the joined Data), or given up (data is NULL). The caller
- * owns it and every segment's arena and owner in it; free with ces_reasm_group_free. */
+ * owns it and every segment's arena in it; free with ces_reasm_group_free. */
 typedef struct {
     char *logicalid;
     ces_segment_t *segments; /* in index order when complete, arrival order when given up */
@@ -52,8 +51,8 @@ typedef struct {
 typedef struct ces_reasm_s ces_reasm_t;
 
 ces_reasm_t *ces_reasm_new(const ces_reasm_limits_t *limits);
-/* Frees every held segment (release is called on each owner). Accepts NULL. */
-void ces_reasm_destroy(ces_reasm_t *reasm, void (*release)(void *owner));
+/* Frees every held segment. Accepts NULL. */
+void ces_reasm_destroy(ces_reasm_t *reasm);
 
 typedef enum {
     CES_REASM_HELD,     /* kept; nothing to do yet */
@@ -64,13 +63,12 @@ typedef enum {
 } ces_reasm_status_t;
 
 /*
- * Adds a segment of logicalid (the reassembler takes segment's arena and owner). A duplicate index
- * is released at once (release(owner), arena destroyed) unless it is the only copy.
+ * Adds a segment of logicalid (the reassembler takes segment's arena). A duplicate index is
+ * released at once (its arena destroyed) unless it is the only copy.
  */
 ces_reasm_status_t ces_reasm_add(ces_reasm_t *reasm, const char *logicalid,
                                  const ces_segment_t *segment, int64_t now_ms,
-                                 ces_reasm_group_t **group, char *reason, size_t reason_size,
-                                 void (*release)(void *owner));
+                                 ces_reasm_group_t **group, char *reason, size_t reason_size);
 
 /* Puts back a candidate group whose joined data did not decode (its base was 0 after all): it waits
  * for segment 0. */
@@ -93,6 +91,6 @@ ces_reasm_group_t *ces_reasm_take_any(ces_reasm_t *reasm);
 size_t ces_reasm_pending_groups(const ces_reasm_t *reasm);
 size_t ces_reasm_pending_bytes(const ces_reasm_t *reasm);
 
-void ces_reasm_group_free(ces_reasm_group_t *group, void (*release)(void *owner));
+void ces_reasm_group_free(ces_reasm_group_t *group);
 
 #endif

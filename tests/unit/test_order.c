@@ -3,12 +3,6 @@
 
 #include "order.h"
 
-static int released;
-static void release(void *owner) {
-    (void)owner;
-    released++;
-}
-
 static ces_item_t item(uint32_t vlf, uint64_t low, uint64_t seq, int32_t partition,
                        int64_t offset) {
     ces_item_t it = {0};
@@ -20,7 +14,6 @@ static ces_item_t item(uint32_t vlf, uint64_t low, uint64_t seq, int32_t partiti
     it.event.position.commit_lsn.low = low;
     it.event.position.sequence = seq;
     it.arena = ces_arena_new();
-    it.owner = &released;
     return it;
 }
 
@@ -28,15 +21,14 @@ static void groups_and_orders(void **state) {
     (void)state;
     ces_order_t *o = ces_order_new(16);
     ces_batch_t batch = {0};
-    released = 0;
     /* Two transactions interleaved across partitions, out of order. */
     ces_item_t a2 = item(1, 100, 2, 1, 10), b1 = item(1, 200, 1, 0, 5), a1 = item(1, 100, 1, 0, 4),
                b2 = item(1, 200, 2, 1, 11), c1 = item(0, 900, 1, 2, 1);
-    assert_int_equal(ces_order_add(o, &a2, release), CES_ORDER_HELD);
-    assert_int_equal(ces_order_add(o, &b1, release), CES_ORDER_HELD);
-    assert_int_equal(ces_order_add(o, &a1, release), CES_ORDER_HELD);
-    assert_int_equal(ces_order_add(o, &b2, release), CES_ORDER_HELD);
-    assert_int_equal(ces_order_add(o, &c1, release), CES_ORDER_HELD); /* older VLF: first */
+    assert_int_equal(ces_order_add(o, &a2), CES_ORDER_HELD);
+    assert_int_equal(ces_order_add(o, &b1), CES_ORDER_HELD);
+    assert_int_equal(ces_order_add(o, &a1), CES_ORDER_HELD);
+    assert_int_equal(ces_order_add(o, &b2), CES_ORDER_HELD);
+    assert_int_equal(ces_order_add(o, &c1), CES_ORDER_HELD); /* older VLF: first */
     assert_int_equal(ces_order_pending_transactions(o), 3);
     assert_int_equal(ces_order_pending_events(o), 5);
 
@@ -53,10 +45,10 @@ static void groups_and_orders(void **state) {
     assert_true(ces_order_oldest(o, &lsn, &n));
     assert_int_equal(lsn.high, 0);
     assert_int_equal(n, 1);
-    assert_int_equal(ces_order_pop_oldest(o, &batch, release), 1);
+    assert_int_equal(ces_order_pop_oldest(o, &batch), 1);
     assert_true(ces_order_oldest(o, &lsn, &n));
     assert_true(lsn.high == 1 && lsn.low == 100 && n == 2);
-    assert_int_equal(ces_order_pop_oldest(o, &batch, release), 2);
+    assert_int_equal(ces_order_pop_oldest(o, &batch), 2);
     assert_int_equal(batch.count, 3);
     /* Sequence order inside the transaction, whatever the arrival order. */
     assert_int_equal(batch.items[1].event.position.sequence, 1);
@@ -65,10 +57,9 @@ static void groups_and_orders(void **state) {
     assert_true(ces_order_min_offset(o, "ces", 0, &off));
     assert_int_equal(off, 5);
     assert_int_equal(ces_order_pending_events(o), 2);
-    ces_batch_clear(&batch, release);
+    ces_batch_clear(&batch);
     ces_batch_free(&batch);
-    ces_order_destroy(o, release);
-    assert_int_equal(released, 5);
+    ces_order_destroy(o);
 }
 
 /* Held offsets against a brute-force model: items leave in LSN order, not offset order, and joined
@@ -82,7 +73,6 @@ static void min_offsets_follow_what_is_held(void **state) {
     bool held[PARTS][4 * N] = {{false}};
     uint32_t rnd = 12345;
     int64_t next[PARTS] = {0, 0, 0};
-    released = 0;
     for (int i = 0; i < N; i++) {
         rnd = rnd * 1103515245u + 12345u;
         int32_t part = (int32_t)((rnd >> 16) % PARTS);
@@ -104,9 +94,9 @@ static void min_offsets_follow_what_is_held(void **state) {
                 held[more[i][m].partition][more[i][m].offset] = true;
         }
         held[part][it.source.offset] = true;
-        assert_int_equal(ces_order_add(o, &it, release), CES_ORDER_HELD);
+        assert_int_equal(ces_order_add(o, &it), CES_ORDER_HELD);
         if (i % 5 == 4) {
-            long moved = ces_order_pop_oldest(o, &batch, release);
+            long moved = ces_order_pop_oldest(o, &batch);
             assert_true(moved > 0);
             for (size_t b = 0; b < batch.count; b++) {
                 const ces_item_t *x = &batch.items[b];
@@ -114,7 +104,7 @@ static void min_offsets_follow_what_is_held(void **state) {
                 for (size_t m = 0; m < x->nmore_sources; m++)
                     held[x->more_sources[m].partition][x->more_sources[m].offset] = false;
             }
-            ces_batch_clear(&batch, release);
+            ces_batch_clear(&batch);
         }
         for (int32_t p = 0; p < PARTS; p++) {
             int64_t want = -1, got;
@@ -127,42 +117,41 @@ static void min_offsets_follow_what_is_held(void **state) {
         }
     }
     ces_batch_free(&batch);
-    ces_order_destroy(o, release);
+    ces_order_destroy(o);
 }
 
 static void duplicates_held_and_committed(void **state) {
     (void)state;
     ces_order_t *o = ces_order_new(4);
     ces_batch_t batch = {0};
-    released = 0;
     ces_item_t x = item(2, 1, 1, 0, 1), dup = item(2, 1, 1, 3, 7);
-    assert_int_equal(ces_order_add(o, &x, release), CES_ORDER_HELD);
-    assert_int_equal(ces_order_add(o, &dup, release), CES_ORDER_DUPLICATE);
-    assert_int_equal(released, 1);
-    assert_int_equal(ces_order_pop_oldest(o, &batch, release), 1);
+    assert_int_equal(ces_order_add(o, &x), CES_ORDER_HELD);
+    assert_int_equal(ces_order_add(o, &dup), CES_ORDER_DUPLICATE);
+    assert_int_equal(ces_order_pending_events(o), 1); /* the duplicate was freed, not held */
+    assert_int_equal(ces_order_pop_oldest(o, &batch), 1);
     /* Not committed yet: a resend now is not known as applied. */
     ces_order_committed(o, &batch);
-    ces_batch_clear(&batch, release);
+    ces_batch_clear(&batch);
     ces_item_t late = item(2, 1, 1, 1, 9);
-    assert_int_equal(ces_order_add(o, &late, release), CES_ORDER_DUPLICATE);
+    assert_int_equal(ces_order_add(o, &late), CES_ORDER_DUPLICATE);
     assert_int_equal(ces_order_duplicates(o), 2);
     /* The window forgets the oldest positions: four more commits push (2,1,1) out. */
     for (uint64_t s = 10; s < 14; s++) {
         ces_item_t it = item(3, s, 1, 0, (int64_t)s);
-        assert_int_equal(ces_order_add(o, &it, release), CES_ORDER_HELD);
-        assert_int_equal(ces_order_pop_oldest(o, &batch, release), 1);
+        assert_int_equal(ces_order_add(o, &it), CES_ORDER_HELD);
+        assert_int_equal(ces_order_pop_oldest(o, &batch), 1);
         ces_order_committed(o, &batch);
-        ces_batch_clear(&batch, release);
+        ces_batch_clear(&batch);
     }
     ces_item_t again = item(2, 1, 1, 1, 20);
-    assert_int_equal(ces_order_add(o, &again, release), CES_ORDER_HELD);
+    assert_int_equal(ces_order_add(o, &again), CES_ORDER_HELD);
     /* ... while the recent ones are still known, also at pop time. */
     ces_item_t recent = item(3, 13, 1, 2, 21);
-    assert_int_equal(ces_order_add(o, &recent, release), CES_ORDER_DUPLICATE);
-    ces_order_clear(o, release);
+    assert_int_equal(ces_order_add(o, &recent), CES_ORDER_DUPLICATE);
+    ces_order_clear(o);
     assert_int_equal(ces_order_pending_events(o), 0);
     ces_batch_free(&batch);
-    ces_order_destroy(o, release);
+    ces_order_destroy(o);
 }
 
 static void dedup_window_survives_churn(void **state) {
@@ -170,26 +159,25 @@ static void dedup_window_survives_churn(void **state) {
     /* Many inserts and evictions: every position in the window stays findable. */
     ces_order_t *o = ces_order_new(1000);
     ces_batch_t batch = {0};
-    released = 0;
     for (uint64_t s = 1; s <= 20000; s++) {
         ces_item_t it = item(1, s / 7, s, 0, (int64_t)s);
-        ces_order_add(o, &it, release);
+        ces_order_add(o, &it);
         if (s % 50 == 0) {
-            while (ces_order_pop_oldest(o, &batch, release) > 0)
+            while (ces_order_pop_oldest(o, &batch) > 0)
                 ;
             ces_order_committed(o, &batch);
-            ces_batch_clear(&batch, release);
+            ces_batch_clear(&batch);
         }
     }
     for (uint64_t s = 20000 - 999; s <= 20000; s++) {
         ces_item_t it = item(1, s / 7, s, 0, 0);
-        if (ces_order_add(o, &it, release) != CES_ORDER_DUPLICATE)
+        if (ces_order_add(o, &it) != CES_ORDER_DUPLICATE)
             fail_msg("position %llu of the window was forgotten", (unsigned long long)s);
     }
     ces_item_t old = item(1, 100 / 7, 100, 0, 0);
-    assert_int_equal(ces_order_add(o, &old, release), CES_ORDER_HELD);
+    assert_int_equal(ces_order_add(o, &old), CES_ORDER_HELD);
     ces_batch_free(&batch);
-    ces_order_destroy(o, release);
+    ces_order_destroy(o);
 }
 
 int main(void) {
