@@ -308,6 +308,8 @@ static void publish_metrics(daemon_t *d, ces_pipeline_t *pipeline, ces_consumer_
     partitions_t ps = {.consumer = consumer};
     ces_pipeline_each_partition(pipeline, collect_partition, &ps);
     ces_metrics_set_stats(d->metrics, &stats, ps.parts, ps.n);
+    if (consumer != NULL)
+        ces_metrics_set_fetch_wakeups(d->metrics, ces_consumer_fetch_wakeups(consumer));
     free(ps.parts);
 }
 

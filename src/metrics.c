@@ -58,6 +58,7 @@ struct ces_metrics_s {
     atomic_llong heartbeat_ms;
     atomic_bool connected;
     atomic_size_t assigned;
+    atomic_ullong fetch_wakeups;
 };
 
 ces_metrics_t *ces_metrics_new(void) {
@@ -76,6 +77,7 @@ ces_metrics_t *ces_metrics_new(void) {
     atomic_init(&m->heartbeat_ms, 0);
     atomic_init(&m->connected, false);
     atomic_init(&m->assigned, 0);
+    atomic_init(&m->fetch_wakeups, 0);
     return m;
 }
 
@@ -292,6 +294,10 @@ void ces_metrics_set_assigned(ces_metrics_t *m, size_t partitions) {
     atomic_store(&m->assigned, partitions);
 }
 
+void ces_metrics_set_fetch_wakeups(ces_metrics_t *m, uint64_t wakeups) {
+    atomic_store(&m->fetch_wakeups, (unsigned long long)wakeups);
+}
+
 bool ces_metrics_alive(const ces_metrics_t *m, int64_t now_ms, int64_t max_age_ms) {
     long long beat = atomic_load(&((ces_metrics_t *)m)->heartbeat_ms);
     return beat > 0 && now_ms - beat <= max_age_ms;
@@ -416,6 +422,10 @@ int ces_metrics_render(ces_metrics_t *m, char **out_buf, size_t *out_len) {
     fprintf(out, "ces2pg_postgres_connected %d\n", atomic_load(&m->connected) ? 1 : 0);
     header(out, "ces2pg_partitions_assigned", "gauge", "Kafka partitions assigned to ces2pg.");
     fprintf(out, "ces2pg_partitions_assigned %zu\n", atomic_load(&m->assigned));
+    header(out, "ces2pg_kafka_fetch_wakeups_total", "counter",
+           "Times librdkafka's prefetch queue filled up, drained to half and its fetcher was woken "
+           "up (often under a backlog: each saves librdkafka 2.0 up to a second of idling).");
+    fprintf(out, "ces2pg_kafka_fetch_wakeups_total %llu\n", atomic_load(&m->fetch_wakeups));
     header(out, "ces2pg_consumer_lag", "gauge",
            "Records of a partition not yet applied: high watermark minus the position stored in "
            "PostgreSQL.");

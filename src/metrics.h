@@ -73,6 +73,8 @@ void ces_metrics_set_stats(ces_metrics_t *metrics, const ces_pipeline_stats_t *s
 void ces_metrics_heartbeat(ces_metrics_t *metrics, int64_t now_ms);
 void ces_metrics_set_connected(ces_metrics_t *metrics, bool connected);
 void ces_metrics_set_assigned(ces_metrics_t *metrics, size_t partitions);
+/* ces_consumer_fetch_wakeups(), for its counter. */
+void ces_metrics_set_fetch_wakeups(ces_metrics_t *metrics, uint64_t wakeups);
 /* The loop turned within max_age_ms. */
 bool ces_metrics_alive(const ces_metrics_t *metrics, int64_t now_ms, int64_t max_age_ms);
 /* PostgreSQL is connected and partitions are assigned. */

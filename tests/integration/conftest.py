@@ -1105,14 +1105,24 @@ _PKKEY_RE = re.compile(r'"pkkey"\s*:\s*\[\s*\{\s*"columnname"\s*:\s*"[^"]*"\s*,'
                        r'\s*"value"\s*:\s*"([^"]*)"')
 
 
-def produce_placed(broker, topic, records, partitions):
+def produce_placed(broker, topic, records, partitions, producer_config=None):
     """Produces records[i] to partitions[i], in list order (so in order
     within each partition); waits for delivery. Returns {partition: count}.
+
+    producer_config: more librdkafka properties for a producer of its own
+    (e.g. {"batch.num.messages": 16} for small message sets).
     """
     counts = {}
     for p in partitions:
         counts[p] = counts.get(p, 0) + 1
-    producer = broker.producer()
+    if producer_config:
+        from confluent_kafka import Producer
+
+        producer = Producer({"bootstrap.servers": broker.bootstrap,
+                             "enable.idempotence": True, "linger.ms": 5,
+                             **producer_config})
+    else:
+        producer = broker.producer()
     errors = []
 
     def cb(err, msg):

@@ -33,6 +33,7 @@ from conftest import (
     free_port,
     generate,
     make_config,
+    produce_placed,
     read_offsets,
     read_records,
     stream_partitions,
@@ -178,6 +179,37 @@ def test_metrics_count_a_known_stream(tmp_path, db, broker, ces2pg):
     assert http_get(f"http://127.0.0.1:{port}/healthz")[0] == 200
     assert http_get(f"http://127.0.0.1:{port}/readyz")[0] == 200
     assert http_get(f"http://127.0.0.1:{port}/nothing")[0] == 404
+    assert daemon.terminate() == 0
+
+
+def test_a_small_prefetch_keeps_fetching(tmp_path, db, broker, ces2pg):
+    """librdkafka 2.0 stops fetching when its queue holds queued.min.messages and looks again only
+    when its broker thread wakes up, up to a second later (librdkafka issue #2879). Here every
+    fetch fills the queue: without a wake-up each would idle, and 12,000 records would take minutes.
+    ces2pg wakes the fetcher up whenever the queue has drained to half."""
+    b = broker(partitions=4)
+    expect = generate(tmp_path, seed=7007, events=12000, tables=3, extra_args=("--narrow",))
+    records = read_records(expect["_out"])
+    # Round robin keeps each partition in stream order (all transaction mode needs), message sets
+    # of 16 records make a fetch of 16 KB per partition bring about 16 of each.
+    counts = produce_placed(b, "ces", records, [i % 4 for i in range(len(records))],
+                            producer_config={"batch.num.messages": 16})
+    port = free_port()
+    daemon = ces2pg(db, b, group=GROUP, http_listen=f"127.0.0.1:{port}",
+                    properties=("fetch.wait.max.ms=50", "session.timeout.ms=4000",
+                                "heartbeat.interval.ms=500", "queued.min.messages=50",
+                                "max.partition.fetch.bytes=16384"))
+    wait_applied(db, GROUP, counts, timeout=40, daemons=[daemon])
+    assert_tables_match(db, expect)
+
+    def published():
+        s = scrape(port)
+        return s if metric(s, "ces2pg_kafka_fetch_wakeups_total") else None
+
+    s = wait_until(published, 5, message="the wake-up counter is published")
+    # Each fetch brings up to about 64 records, more than the queue's 50: one wake-up per fetch
+    # or two.
+    assert metric(s, "ces2pg_kafka_fetch_wakeups_total") >= 12000 / 64 / 2, s
     assert daemon.terminate() == 0
 
 
