@@ -17,6 +17,15 @@ ces_item_t *ces_batch_add(ces_batch_t *batch) {
     return item;
 }
 
+int ces_batch_push(ces_batch_t *batch, const ces_item_t *item) {
+    ces_item_t *dst = ces_batch_add(batch);
+    if (dst == NULL)
+        return -1;
+    *dst = *item;
+    batch->bytes += ces_arena_footprint(item->arena);
+    return 0;
+}
+
 int ces_batch_set_offset(ces_batch_t *batch, const ces_offset_update_t *update) {
     for (size_t i = 0; i < batch->noffsets; i++) {
         ces_offset_update_t *o = &batch->offsets[i];
@@ -52,6 +61,7 @@ void ces_batch_clear(ces_batch_t *batch) {
     for (size_t i = 0; i < batch->count; i++)
         ces_arena_destroy(batch->items[i].arena);
     batch->count = 0;
+    batch->bytes = 0;
     batch->noffsets = 0;
 }
 

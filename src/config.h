@@ -45,10 +45,12 @@ typedef struct {
     int64_t pg_retry_max_ms;
 
     int64_t apply_batch_max_events;
+    int64_t apply_batch_max_bytes;
     int64_t apply_batch_max_ms;
     char *apply_ordering; /* "transaction" or "partition" */
     int64_t apply_reorder_window_ms;
     int64_t apply_max_pending_events;
+    int64_t apply_max_pending_bytes;
     int64_t apply_dedup_window;
     bool apply_lsn_guard;
     char *apply_version_column;

@@ -108,6 +108,7 @@ static void fill_pipeline_options(const ces_config_t *c, bool store_offsets,
                                   ces_pipeline_options_t *o) {
     memset(o, 0, sizeof(*o));
     o->batch_max_events = (size_t)c->apply_batch_max_events;
+    o->batch_max_bytes = (size_t)c->apply_batch_max_bytes;
     o->batch_max_ms = c->apply_batch_max_ms;
     o->store_offsets = store_offsets;
     o->reasm.max_bytes = (size_t)c->reassembly_max_bytes;
@@ -118,6 +119,7 @@ static void fill_pipeline_options(const ces_config_t *c, bool store_offsets,
     o->reorder_window_ms = c->apply_reorder_window_ms;
     o->dedup_window = (size_t)c->apply_dedup_window;
     o->max_pending_events = (size_t)c->apply_max_pending_events;
+    o->max_pending_bytes = (size_t)c->apply_max_pending_bytes;
     o->include = (const char *const *)c->schema_include.items;
     o->ninclude = c->schema_include.count;
     o->exclude = (const char *const *)c->schema_exclude.items;

@@ -444,6 +444,9 @@ int ces_metrics_render(ces_metrics_t *m, char **out_buf, size_t *out_len) {
     header(out, "ces2pg_pending_events", "gauge",
            "Events held until their source transaction can be applied in order.");
     fprintf(out, "ces2pg_pending_events %zu\n", st->pending_events);
+    header(out, "ces2pg_pending_bytes", "gauge",
+           "Memory of the events held for ordering (bounded by apply.max_pending_bytes).");
+    fprintf(out, "ces2pg_pending_bytes %zu\n", st->pending_bytes);
     header(out, "ces2pg_pending_transactions", "gauge",
            "Source transactions held until they can be applied in order.");
     fprintf(out, "ces2pg_pending_transactions %zu\n", st->pending_transactions);

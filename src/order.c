@@ -10,6 +10,7 @@ typedef struct {
     ces_item_t *items;
     size_t count;
     size_t capacity;
+    size_t bytes; /* the items' arenas */
 } txn_t;
 
 /* A binary min-heap of offsets. */
@@ -37,6 +38,7 @@ struct ces_order_s {
     size_t count; /* live entries from head */
     size_t capacity;
     size_t events;
+    size_t bytes; /* the held items' arenas */
     uint64_t duplicates;
     /* Recently committed positions: a ring of the last dedup_window, indexed by a hash set. */
     ces_position_t *ring;
@@ -164,6 +166,7 @@ void ces_order_clear(ces_order_t *o) {
     o->head = 0;
     o->count = 0;
     o->events = 0;
+    o->bytes = 0;
     parts_clear(o);
 }
 
@@ -315,17 +318,22 @@ ces_order_status_t ces_order_add(ces_order_t *o, const ces_item_t *item) {
     }
     t->items[t->count++] = *item;
     o->events++;
+    size_t bytes = ces_arena_footprint(item->arena);
+    t->bytes += bytes;
+    o->bytes += bytes;
     track_offsets(o, item, true);
     return CES_ORDER_HELD;
 }
 
-bool ces_order_oldest(const ces_order_t *o, ces_lsn_t *lsn, size_t *events) {
+bool ces_order_oldest(const ces_order_t *o, ces_lsn_t *lsn, size_t *events, size_t *bytes) {
     if (o->count == 0)
         return false;
     const txn_t *t = o->txns[o->head];
     *lsn = t->lsn;
     if (events != NULL)
         *events = t->count;
+    if (bytes != NULL)
+        *bytes = t->bytes;
     return true;
 }
 
@@ -345,23 +353,23 @@ long ces_order_pop_oldest(ces_order_t *o, ces_batch_t *batch) {
     long moved = 0;
     for (size_t i = 0; i < t->count; i++) {
         ces_item_t *src = &t->items[i];
+        size_t bytes = ces_arena_footprint(src->arena);
         if (seen(o, &src->event.position)) {
             track_offsets(o, src, false);
             o->duplicates++;
             ces_arena_destroy(src->arena);
-            continue;
-        }
-        ces_item_t *dst = ces_batch_add(batch);
-        if (dst == NULL) {
+        } else if (ces_batch_push(batch, src) == 0) {
+            track_offsets(o, src, false);
+            moved++;
+        } else {
             /* Keep the rest held: shift them to the front of the transaction. */
             memmove(t->items, t->items + i, (t->count - i) * sizeof(ces_item_t));
             o->events -= i;
             t->count -= i;
             return -1;
         }
-        track_offsets(o, src, false);
-        *dst = *src;
-        moved++;
+        t->bytes -= bytes;
+        o->bytes -= bytes;
     }
     o->events -= t->count;
     free(t->items);
@@ -408,5 +416,6 @@ bool ces_order_min_offset(ces_order_t *o, const char *topic, int32_t partition,
 }
 
 size_t ces_order_pending_events(const ces_order_t *o) { return o->events; }
+size_t ces_order_pending_bytes(const ces_order_t *o) { return o->bytes; }
 size_t ces_order_pending_transactions(const ces_order_t *o) { return o->count; }
 uint64_t ces_order_duplicates(const ces_order_t *o) { return o->duplicates; }

@@ -32,8 +32,9 @@ typedef enum {
 /* Takes an event item (its arena). */
 ces_order_status_t ces_order_add(ces_order_t *order, const ces_item_t *item);
 
-/* The oldest held transaction: false when nothing is held. */
-bool ces_order_oldest(const ces_order_t *order, ces_lsn_t *lsn, size_t *events);
+/* The oldest held transaction, its number of events and the bytes they hold (either may be NULL):
+ * false when nothing is held. */
+bool ces_order_oldest(const ces_order_t *order, ces_lsn_t *lsn, size_t *events, size_t *bytes);
 
 /* Moves the oldest transaction's items, in sequence order, to the end of batch. Items already
  * committed (recently seen positions) are released instead. Returns the number moved, -1 when
@@ -51,6 +52,8 @@ bool ces_order_min_offset(ces_order_t *order, const char *topic, int32_t partiti
 void ces_order_clear(ces_order_t *order);
 
 size_t ces_order_pending_events(const ces_order_t *order);
+/* Memory of the held events (their arenas). */
+size_t ces_order_pending_bytes(const ces_order_t *order);
 size_t ces_order_pending_transactions(const ces_order_t *order);
 uint64_t ces_order_duplicates(const ces_order_t *order);
 

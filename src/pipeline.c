@@ -143,6 +143,7 @@ static int add_dead_letter(ces_pipeline_t *p, const ces_source_t *source, const 
     item->raw_len = raw_len;
     item->reason = ces_arena_strndup(arena, reason, strlen(reason));
     item->logicalid = logicalid ? ces_arena_strndup(arena, logicalid, strlen(logicalid)) : NULL;
+    p->batch.bytes += ces_arena_footprint(arena);
     ces_log_warning("dead letter: %s[%d]@%lld: %s", source->topic, (int)source->partition,
                     (long long)source->offset, reason);
     return item->reason == NULL ? -1 : 0;
@@ -207,12 +208,10 @@ static int add_event(ces_pipeline_t *p, const ces_source_t *source, const ces_ev
         .arena = arena,
     };
     if (p->order == NULL) {
-        ces_item_t *item = ces_batch_add(&p->batch);
-        if (item == NULL) {
+        if (ces_batch_push(&p->batch, &tmp) != 0) {
             ces_arena_destroy(arena);
             return -1;
         }
-        *item = tmp;
         return 0;
     }
     /* A duplicate's arena (and the event in it) is freed by ces_order_add: keep its id for the
@@ -470,6 +469,17 @@ static void scan_ready(void *value, void *arg) {
         r->ready = false;
 }
 
+/* events and bytes (of arenas) reach a batch's limits: apply.batch_max_events or
+ * apply.batch_max_bytes (0: none). */
+static bool exceeds_batch(const ces_pipeline_t *p, size_t events, size_t bytes) {
+    return events >= p->options.batch_max_events ||
+           (p->options.batch_max_bytes > 0 && bytes >= p->options.batch_max_bytes);
+}
+
+static bool batch_full(const ces_pipeline_t *p) {
+    return exceeds_batch(p, p->batch.count, p->batch.bytes);
+}
+
 /* Moves every complete source transaction, oldest first, into the batch. */
 static int release_transactions(ces_pipeline_t *p, int64_t now_ms, bool drain) {
     if (p->order == NULL)
@@ -482,7 +492,8 @@ static int release_transactions(ces_pipeline_t *p, int64_t now_ms, bool drain) {
         p->stream_complete = r.ready;
     }
     ces_lsn_t lsn;
-    while (ces_order_oldest(p->order, &lsn, NULL)) {
+    /* Whole transactions only: the batch may grow past its size by the last one. */
+    while (!(batch_full(p) && !drain) && ces_order_oldest(p->order, &lsn, NULL, NULL)) {
         if (!drain) {
             ready_scan_t r = {p, lsn, now_ms, p->options.reorder_window_ms, true};
             ces_map_each(p->partitions, scan_ready, &r);
@@ -495,9 +506,6 @@ static int release_transactions(ces_pipeline_t *p, int64_t now_ms, bool drain) {
             p->stream_complete = true; /* ready at lsn means ready at the streamed one too */
         if (ces_order_pop_oldest(p->order, &p->batch) < 0)
             return -1;
-        /* Whole transactions only: the batch may grow past its size by the last one. */
-        if (p->batch.count >= p->options.batch_max_events && !drain)
-            break;
     }
     return 0;
 }
@@ -505,11 +513,11 @@ static int release_transactions(ces_pipeline_t *p, int64_t now_ms, bool drain) {
 static ces_pipeline_status_t stream_large_transaction(ces_pipeline_t *p, int64_t now_ms,
                                                       char *errstr, size_t errstr_size);
 
-/* Keeps memory bounded: while too many events wait for ordering, partitions that are not holding
- * back the oldest transaction stop fetching; they resume once the backlog has halved. A partition
- * that holds it back is resumed at once, whatever the backlog: the oldest transaction moves on
- * while others are paused, and a paused partition it has overtaken would otherwise wait for a
- * backlog that cannot shrink until that partition moves. */
+/* Keeps memory bounded: while too many events, or too many bytes of them, wait for ordering,
+ * partitions that are not holding back the oldest transaction stop fetching; they resume once the
+ * backlog has halved. A partition that holds it back is resumed at once, whatever the backlog: the
+ * oldest transaction moves on while others are paused, and a paused partition it has overtaken
+ * would otherwise wait for a backlog that cannot shrink until that partition moves. */
 typedef enum { BOUND_PAUSE, BOUND_HOLD, BOUND_RESUME } bound_mode_t;
 
 typedef struct {
@@ -533,16 +541,25 @@ static void scan_pause(void *value, void *arg) {
         part->paused = want;
 }
 
+/* Where n stands against limit (0: none): 2 at or past it, 1 past half of it, 0 below. */
+static int mark(size_t n, size_t limit) {
+    if (limit == 0)
+        return 0;
+    return n >= limit ? 2 : n > limit / 2 ? 1 : 0;
+}
+
 static void bound_memory(ces_pipeline_t *p) {
     if (p->order == NULL || p->options.max_pending_events == 0)
         return;
-    size_t pending = ces_order_pending_events(p->order);
+    int events = mark(ces_order_pending_events(p->order), p->options.max_pending_events);
+    int bytes = mark(ces_order_pending_bytes(p->order), p->options.max_pending_bytes);
+    int worst = events > bytes ? events : bytes;
     pause_scan_t ps = {p, BOUND_RESUME, false, {0, 0}};
-    if (pending >= p->options.max_pending_events)
+    if (worst == 2)
         ps.mode = BOUND_PAUSE;
-    else if (pending > p->options.max_pending_events / 2)
+    else if (worst == 1)
         ps.mode = BOUND_HOLD; /* between the marks: only needed partitions change */
-    ps.have_oldest = ces_order_oldest(p->order, &ps.oldest, NULL);
+    ps.have_oldest = ces_order_oldest(p->order, &ps.oldest, NULL, NULL);
     ces_map_each(p->partitions, scan_pause, &ps);
 }
 
@@ -602,7 +619,7 @@ nomem:
 }
 
 bool ces_pipeline_due(const ces_pipeline_t *p, int64_t now_ms) {
-    if (p->batch.count >= p->options.batch_max_events)
+    if (batch_full(p))
         return true;
     return p->batch.count > 0 && now_ms - p->batch_started_ms >= p->options.batch_max_ms;
 }
@@ -771,9 +788,10 @@ static void scan_startable(void *value, void *arg) {
 static ces_pipeline_status_t stream_large_transaction(ces_pipeline_t *p, int64_t now_ms,
                                                       char *errstr, size_t errstr_size) {
     ces_lsn_t lsn;
-    size_t events;
-    if (p->order == NULL || p->stream_complete || !ces_order_oldest(p->order, &lsn, &events) ||
-        events < p->options.batch_max_events)
+    size_t events, bytes;
+    if (p->order == NULL || p->stream_complete ||
+        !ces_order_oldest(p->order, &lsn, &events, &bytes) ||
+        !exceeds_batch(p, events, bytes))
         return CES_PIPELINE_OK;
     if (p->streaming) {
         if (ces_lsn_compare(lsn, p->stream_lsn) != 0)
@@ -800,9 +818,9 @@ static ces_pipeline_status_t stream_large_transaction(ces_pipeline_t *p, int64_t
         }
         char text[23];
         ces_lsn_format(lsn, text);
-        ces_log_info("source transaction %s has more than %zu events: streaming it into one "
-                     "PostgreSQL transaction",
-                     text, p->options.batch_max_events);
+        ces_log_info("source transaction %s is larger than a batch (%zu events or %zu bytes): "
+                     "streaming it into one PostgreSQL transaction",
+                     text, p->options.batch_max_events, p->options.batch_max_bytes);
         p->streaming = true;
         p->stream_lsn = lsn;
     }
@@ -961,6 +979,7 @@ void ces_pipeline_get_stats(const ces_pipeline_t *p, ces_pipeline_stats_t *stats
     stats->pending_segments = ces_reasm_pending_groups(p->reasm);
     stats->pending_transactions = p->order ? ces_order_pending_transactions(p->order) : 0;
     stats->pending_segment_bytes = ces_reasm_pending_bytes(p->reasm);
+    stats->pending_bytes = p->order ? ces_order_pending_bytes(p->order) : 0;
 }
 
 typedef struct {

@@ -26,6 +26,7 @@ typedef enum {
 
 typedef struct {
     size_t batch_max_events;
+    size_t batch_max_bytes; /* of the events' memory (arenas): a batch is full at either limit */
     int64_t batch_max_ms;
     bool store_offsets; /* false for replay: positions of files are not stored */
     ces_reasm_limits_t reasm;
@@ -33,6 +34,7 @@ typedef struct {
     int64_t reorder_window_ms; /* how long a caught-up partition must be quiet */
     size_t dedup_window;       /* committed positions remembered to spot duplicates */
     size_t max_pending_events; /* events held for ordering before partitions are paused */
+    size_t max_pending_bytes;  /* the same in bytes of their memory; 0: no limit */
     /* Globs on "schema.table" of the source (references): events of a table that matches no
      * include (when there are some) or any exclude are skipped and counted. */
     const char *const *include;
@@ -59,6 +61,7 @@ typedef struct {
     uint64_t events_consumed[4]; /* decoded events by ces_op_t (index 0 unused) */
     size_t pending_transactions;  /* source transactions held for ordering */
     size_t pending_segment_bytes; /* bytes held by segment groups */
+    size_t pending_bytes;         /* memory of the events held for ordering */
 } ces_pipeline_stats_t;
 
 typedef enum {

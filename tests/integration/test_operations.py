@@ -169,6 +169,7 @@ def test_metrics_count_a_known_stream(tmp_path, db, broker, ces2pg):
     assert metric(s, "ces2pg_partitions_assigned") == 1
     assert metric(s, "ces2pg_process_resident_memory_bytes") > 1e6
     assert metric(s, "ces2pg_pending_events") == 0
+    assert metric(s, "ces2pg_pending_bytes") == 0
     # The commit time of the last event applied is that of the last record.
     last = json.loads(records[-1])["time"]
     when = datetime.datetime.fromisoformat(last.replace("Z", "+00:00"))

@@ -56,3 +56,24 @@ def test_memory_bound_never_stalls_the_stream(tmp_path, db, broker, ces2pg):
     wait_applied(db, GROUP, producer.counts, timeout=60, daemons=[daemon])
     assert_tables_match(db, expect)
     assert daemon.terminate() == 0
+
+
+def test_byte_bounds_never_stall_the_stream(tmp_path, db, broker, ces2pg):
+    """The same in bytes, at their smallest (64 KB): apply.max_pending_bytes pauses partitions
+    again and again, apply.batch_max_bytes closes batches of a few dozen events, and source
+    transactions of up to 300 events (about 1 MB) are larger than a batch in bytes though not in
+    events, so they are streamed into one PostgreSQL transaction each."""
+    b = broker(partitions=4)
+    expect = generate(tmp_path, seed=20261203, events=6000, tables=3,
+                      extra_args=["--txn-size", "1-300"])
+    records = read_records(expect["_out"])
+    parts = stream_partitions(records, 4, "none")
+    daemon = ces2pg(db, b, group=GROUP,
+                    apply_extra=["max_pending_bytes = 65536;", "batch_max_bytes = 65536;"])
+    producer = PacedProducer(b, db, GROUP, "ces", records, parts).start()
+    producer.finish(timeout=120, daemons=[daemon])
+    wait_applied(db, GROUP, producer.counts, timeout=60, daemons=[daemon])
+    assert_tables_match(db, expect)
+    assert dead_letters(db) == []
+    assert "is larger than a batch" in daemon.log()
+    assert daemon.terminate() == 0

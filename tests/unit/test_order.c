@@ -42,11 +42,11 @@ static void groups_and_orders(void **state) {
 
     ces_lsn_t lsn;
     size_t n;
-    assert_true(ces_order_oldest(o, &lsn, &n));
+    assert_true(ces_order_oldest(o, &lsn, &n, NULL));
     assert_int_equal(lsn.high, 0);
     assert_int_equal(n, 1);
     assert_int_equal(ces_order_pop_oldest(o, &batch), 1);
-    assert_true(ces_order_oldest(o, &lsn, &n));
+    assert_true(ces_order_oldest(o, &lsn, &n, NULL));
     assert_true(lsn.high == 1 && lsn.low == 100 && n == 2);
     assert_int_equal(ces_order_pop_oldest(o, &batch), 2);
     assert_int_equal(batch.count, 3);
@@ -120,6 +120,48 @@ static void min_offsets_follow_what_is_held(void **state) {
     ces_order_destroy(o);
 }
 
+/* Held bytes follow the arenas in and out: what bounds memory in the pipeline. */
+static void pending_bytes_follow_the_arenas(void **state) {
+    (void)state;
+    ces_order_t *o = ces_order_new(16);
+    ces_batch_t batch = {0};
+    ces_item_t a1 = item(1, 100, 1, 0, 1), a2 = item(1, 100, 2, 1, 1), b1 = item(1, 200, 1, 0, 2),
+               dup = item(1, 100, 1, 1, 2);
+    assert_non_null(ces_arena_alloc(a1.arena, 100000));
+    assert_non_null(ces_arena_alloc(b1.arena, 300000));
+    size_t fa1 = ces_arena_footprint(a1.arena), fa2 = ces_arena_footprint(a2.arena),
+           fb1 = ces_arena_footprint(b1.arena);
+    assert_true(fa1 >= 100000 && fb1 >= 300000);
+    assert_int_equal(ces_order_pending_bytes(o), 0);
+    assert_int_equal(ces_order_add(o, &b1), CES_ORDER_HELD);
+    assert_int_equal(ces_order_add(o, &a1), CES_ORDER_HELD);
+    assert_int_equal(ces_order_add(o, &a2), CES_ORDER_HELD);
+    assert_int_equal(ces_order_add(o, &dup), CES_ORDER_DUPLICATE); /* freed, not counted */
+    assert_int_equal(ces_order_pending_bytes(o), fa1 + fa2 + fb1);
+    ces_lsn_t lsn;
+    size_t events, bytes;
+    assert_true(ces_order_oldest(o, &lsn, &events, &bytes));
+    assert_int_equal(events, 2);
+    assert_int_equal(bytes, fa1 + fa2);
+    assert_int_equal(ces_order_pop_oldest(o, &batch), 2);
+    assert_int_equal(ces_order_pending_bytes(o), fb1);
+    assert_int_equal(batch.bytes, fa1 + fa2);
+    assert_int_equal(ces_order_pop_oldest(o, &batch), 1);
+    assert_int_equal(ces_order_pending_bytes(o), 0);
+    assert_int_equal(batch.bytes, fa1 + fa2 + fb1);
+    ces_batch_clear(&batch);
+    assert_int_equal(batch.bytes, 0);
+    /* A clear (rewind) forgets the held bytes too. */
+    ces_item_t c1 = item(1, 300, 1, 0, 3);
+    assert_non_null(ces_arena_alloc(c1.arena, 1000));
+    assert_int_equal(ces_order_add(o, &c1), CES_ORDER_HELD);
+    assert_true(ces_order_pending_bytes(o) > 0);
+    ces_order_clear(o);
+    assert_int_equal(ces_order_pending_bytes(o), 0);
+    ces_batch_free(&batch);
+    ces_order_destroy(o);
+}
+
 static void duplicates_held_and_committed(void **state) {
     (void)state;
     ces_order_t *o = ces_order_new(4);
@@ -185,6 +227,7 @@ int main(void) {
         cmocka_unit_test(groups_and_orders),
         cmocka_unit_test(min_offsets_follow_what_is_held),
         cmocka_unit_test(duplicates_held_and_committed),
+        cmocka_unit_test(pending_bytes_follow_the_arenas),
         cmocka_unit_test(dedup_window_survives_churn),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

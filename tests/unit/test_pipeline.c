@@ -25,9 +25,10 @@ static int teardown(void **state) {
     return 0;
 }
 
-static ces_pipeline_t *new_pipeline(void) {
+static ces_pipeline_t *new_pipeline_sized(size_t batch_max_bytes) {
     ces_pipeline_options_t o = {
         .batch_max_events = 1000,
+        .batch_max_bytes = batch_max_bytes,
         .batch_max_ms = 100,
         .store_offsets = true,
         .reasm = {1 << 20, 100, 5000},
@@ -43,6 +44,8 @@ static ces_pipeline_t *new_pipeline(void) {
     assert_int_equal(ces_pipeline_on_assigned(p, "ces", parts, 2, offsets), 0);
     return p;
 }
+
+static ces_pipeline_t *new_pipeline(void) { return new_pipeline_sized(0); }
 
 /* Feeds one INS of table T, key key, at commit LSN 1:block:1 with sequence seq. */
 static void feed(ces_pipeline_t *p, int32_t partition, int64_t offset, unsigned block,
@@ -140,6 +143,52 @@ static void duplicates_and_quiet_partition(void **state) {
     ces_pipeline_destroy(p);
 }
 
+/* Four events in three complete transactions (10: two events, 11, 12). */
+static void feed_three_transactions(ces_pipeline_t *p) {
+    feed(p, 0, 0, 10, 1, 1, 0);
+    feed(p, 0, 1, 10, 2, 2, 0);
+    feed(p, 0, 2, 11, 1, 3, 0);
+    feed(p, 1, 0, 12, 1, 4, 0);
+    ces_pipeline_partition_eof(p, "ces", 0, 3);
+    ces_pipeline_partition_eof(p, "ces", 1, 1);
+}
+
+/* apply.batch_max_bytes: a batch is full at its bytes long before its events, and takes whole
+ * transactions only. */
+static void batch_full_by_bytes(void **state) {
+    (void)state;
+    /* Without the byte limit: one batch of four. */
+    ces_pipeline_t *p = new_pipeline();
+    feed_three_transactions(p);
+    tick(p, WINDOW);
+    assert_int_equal(ces_pipeline_batch_events(p), 4);
+    assert_false(ces_pipeline_due(p, WINDOW));
+    size_t first = ces_arena_footprint(ces_pipeline_batch_item(p, 0)->arena) +
+                   ces_arena_footprint(ces_pipeline_batch_item(p, 1)->arena);
+    ces_pipeline_destroy(p);
+
+    /* Limited to the bytes of transaction 10: the batch stops after it. (Transaction 11 alone is
+     * smaller, so it is not streamed either.) */
+    p = new_pipeline_sized(first);
+    feed_three_transactions(p);
+    assert_false(ces_pipeline_due(p, 0));
+    tick(p, WINDOW);
+    assert_int_equal(ces_pipeline_batch_events(p), 2);
+    assert_int_equal(seq_at(p, 1), 2);
+    assert_true(ces_pipeline_due(p, WINDOW));
+    tick(p, WINDOW);
+    assert_int_equal(ces_pipeline_batch_events(p), 2); /* full: nothing more is added */
+    ces_pipeline_destroy(p);
+
+    /* One byte more: transactions 10 and 11 fit below the limit (whole, past it). */
+    p = new_pipeline_sized(first + 1);
+    feed_three_transactions(p);
+    tick(p, WINDOW);
+    assert_int_equal(ces_pipeline_batch_events(p), 3);
+    assert_true(ces_pipeline_due(p, WINDOW));
+    ces_pipeline_destroy(p);
+}
+
 static void group_that_never_completes(void **state) {
     (void)state;
     ces_pipeline_t *p = new_pipeline();
@@ -168,6 +217,7 @@ int main(void) {
         cmocka_unit_test(lagging_partition_holds_everything),
         cmocka_unit_test(duplicates_and_quiet_partition),
         cmocka_unit_test(group_that_never_completes),
+        cmocka_unit_test(batch_full_by_bytes),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
