@@ -2,6 +2,7 @@
 
 #include <errno.h>
 #include <libpq-fe.h>
+#include <poll.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -89,6 +90,7 @@ struct ces_apply_s {
     char *tombstones;     /* quoted metadata_schema.tombstones */
     int64_t tombstone_retention_s;
     int64_t last_purge_ms;
+    struct async_s *async; /* a batch sent by ces_apply_send, not finished yet */
 };
 
 /* What went wrong in one attempt, and what to do about it. */
@@ -109,6 +111,8 @@ typedef struct {
     char sqlstate[6];
     char message[512];
 } attempt_error_t;
+
+static void async_free(struct async_s *as);
 
 /* ---------------------------------------------------------------------------------------------- */
 
@@ -320,6 +324,7 @@ ces_apply_t *ces_apply_new(const ces_apply_options_t *o) {
 void ces_apply_destroy(ces_apply_t *a) {
     if (a == NULL)
         return;
+    async_free(a->async);
     if (a->conn != NULL)
         PQfinish(a->conn);
     if (a->tables != NULL)
@@ -575,6 +580,8 @@ static ces_apply_status_t ensure_connected(ces_apply_t *a, char *errstr, size_t 
 }
 
 bool ces_apply_check(ces_apply_t *a) {
+    if (a->async != NULL)
+        return ces_apply_connected(a);
     if (a->conn != NULL && !a->in_stream && PQtransactionStatus(a->conn) == PQTRANS_IDLE) {
         /* A server that shut down sent its goodbye and closed the socket: reading notices it. */
         if (PQconsumeInput(a->conn) != 1 || PQstatus(a->conn) != CONNECTION_OK) {
@@ -1234,6 +1241,7 @@ typedef struct {
     size_t capacity;
     attempt_error_t *e;
     bool fenced;
+    bool nonblocking; /* sending without waiting for the socket (ces_apply_send) */
     /* scratch for one statement's parameters */
     const char **values;
     int *lengths;
@@ -1274,14 +1282,21 @@ static int sent(sender_t *s, int ok, pend_kind_t kind, long item, stmt_t *stmt) 
     return push_pending(s, kind, item, stmt);
 }
 
-/* Sends a Sync and reads every pending result. Returns -1 on a broken connection. */
-static int sync_and_drain(sender_t *s) {
-    PGconn *conn = s->a->conn;
-    int rc = 0;
-    if (PQpipelineSync(conn) != 1) {
-        set_error(s->e, ERR_RETRY, -1, NULL, "sending to PostgreSQL: %s", PQerrorMessage(conn));
+/* Ends what was sent with a Sync (its results can be read then). Returns -1 on a broken
+ * connection. */
+static int send_sync(sender_t *s) {
+    if (PQpipelineSync(s->a->conn) != 1) {
+        set_error(s->e, ERR_RETRY, -1, NULL, "sending to PostgreSQL: %s",
+                  PQerrorMessage(s->a->conn));
         return -1;
     }
+    return 0;
+}
+
+/* Reads every pending result up to the Sync. Returns -1 on a broken connection. */
+static int drain(sender_t *s) {
+    PGconn *conn = s->a->conn;
+    int rc = 0;
     for (size_t i = 0; i < s->npending; i++) {
         pending_t *p = &s->pending[i];
         PGresult *r = PQgetResult(conn);
@@ -1331,6 +1346,9 @@ static int sync_and_drain(sender_t *s) {
     PQclear(r);
     return rc;
 }
+
+/* Sends a Sync and reads every pending result. Returns -1 on a broken connection. */
+static int sync_and_drain(sender_t *s) { return send_sync(s) != 0 ? -1 : drain(s); }
 
 static int maybe_sync(sender_t *s) {
     if (s->npending < PIPELINE_CHUNK)
@@ -2189,6 +2207,116 @@ static void abandon_step(sender_t *s, bool whole) {
         ces_log_debug("leaving pipeline mode: %s", PQerrorMessage(conn));
 }
 
+/* Sends one attempt's statements up to the Sync that ends them; nothing is read yet (unless more
+ * than PIPELINE_CHUNK results wait). With s->nonblocking libpq only buffers what the socket does
+ * not take: ces_apply_progress and attempt_finish send the rest. Returns 0, or -1 with s->e set. */
+static int attempt_send(ces_apply_t *a, ces_batch_t *batch, step_t step, sender_t *s,
+                        table_t **tables) {
+    attempt_error_t *e = s->e;
+    if (prepare_tables(a, batch, tables, e) != 0)
+        return -1;
+    if (PQenterPipelineMode(a->conn) != 1) {
+        set_error(e, ERR_RETRY, -1, NULL, "entering pipeline mode: %s", PQerrorMessage(a->conn));
+        return -1;
+    }
+    if (s->nonblocking && PQsetnonblocking(a->conn, 1) != 0) {
+        s->nonblocking = false;
+        set_error(e, ERR_RETRY, -1, NULL, "PostgreSQL: %s", PQerrorMessage(a->conn));
+        return -1;
+    }
+    if (send_simple(s, step == STEP_WHOLE ? "BEGIN" : "SAVEPOINT ces_step") != 0)
+        return -1;
+    for (size_t i = 0; i < batch->count; i++) {
+        ces_item_t *item = &batch->items[i];
+        if (item->kind == CES_ITEM_EVENT) {
+            const char *reject = NULL;
+            if (send_event(s, (long)i, item, tables[i], &reject) != 0)
+                return -1;
+            if (reject != NULL && ces_batch_item_reject(item, reject) != 0) {
+                set_error(e, ERR_FATAL, -1, NULL, "out of memory");
+                return -1;
+            }
+        }
+        if (item->kind == CES_ITEM_DEAD_LETTER && send_dead_letter(s, (long)i, item) != 0)
+            return -1;
+        if (maybe_sync(s) != 0 || e->cls != ERR_NONE)
+            return -1;
+    }
+    if (bulk_send_all(s) != 0 || (step != STEP_CHUNK && send_offsets(s) != 0) ||
+        send_sync(s) != 0 || e->cls != ERR_NONE)
+        return -1;
+    return 0;
+}
+
+/* Back to blocking mode once libpq has sent all it buffered (reading results meanwhile, so that
+ * the server never waits on a full socket). Returns 0, or -1 with s->e set. */
+static int leave_nonblocking(sender_t *s) {
+    PGconn *conn = s->a->conn;
+    if (!s->nonblocking)
+        return 0;
+    s->nonblocking = false;
+    int flushed;
+    while ((flushed = PQflush(conn)) == 1) {
+        struct pollfd pfd = {.fd = PQsocket(conn), .events = POLLOUT | POLLIN};
+        if (poll(&pfd, 1, -1) < 0 && errno != EINTR) {
+            set_error(s->e, ERR_RETRY, -1, NULL, "waiting for PostgreSQL: %s", strerror(errno));
+            return -1;
+        }
+        if ((pfd.revents & (POLLIN | POLLERR | POLLHUP)) && PQconsumeInput(conn) != 1)
+            break; /* PQflush reports it */
+    }
+    if (flushed != 0 || PQsetnonblocking(conn, 0) != 0) {
+        set_error(s->e, ERR_RETRY, -1, NULL, "sending to PostgreSQL: %s", PQerrorMessage(conn));
+        return -1;
+    }
+    return 0;
+}
+
+/* Reads what attempt_send sent, checks the fence and commits (or releases the step's savepoint).
+ * Returns 0, or -1 with s->e set (then the attempt must be abandoned). */
+static int attempt_finish(ces_apply_t *a, step_t step, sender_t *s) {
+    attempt_error_t *e = s->e;
+    if (leave_nonblocking(s) != 0 || drain(s) != 0 || e->cls != ERR_NONE)
+        return -1;
+    if (s->fenced) {
+        set_error(e, ERR_FENCED, -1, NULL,
+                  "the stored consumer position moved: another instance took over a partition");
+        return -1;
+    }
+    if (send_simple(s, step == STEP_CHUNK ? "RELEASE SAVEPOINT ces_step" : "COMMIT") != 0 ||
+        sync_and_drain(s) != 0 || e->cls != ERR_NONE) {
+        e->in_commit = step != STEP_CHUNK;
+        return -1;
+    }
+    if (PQexitPipelineMode(a->conn) != 1)
+        set_error(e, ERR_RETRY, -1, NULL, "leaving pipeline mode: %s", PQerrorMessage(a->conn));
+    return 0;
+}
+
+/* After a failed attempt: rolls back what it did, and leaves the connection in blocking mode (or
+ * closes it). */
+static void attempt_abandon(sender_t *s, step_t step) {
+    ces_apply_t *a = s->a;
+    if (step == STEP_WHOLE)
+        abandon(s);
+    else
+        /* A data error undoes only this step; anything else loses the whole transaction. */
+        abandon_step(s, (s->e->cls != ERR_DATA && s->e->cls != ERR_BULK) || s->e->in_commit);
+    if (a->conn != NULL && PQisnonblocking(a->conn) && PQsetnonblocking(a->conn, 0) != 0)
+        disconnect(a);
+}
+
+static void sender_free(sender_t *s) {
+    bulk_free(s);
+    free(s->pending);
+    free(s->values);
+    free(s->lengths);
+    free(s->cols);
+    free(s->fields);
+    free(s->marks);
+    free(s->sig);
+}
+
 static void attempt(ces_apply_t *a, ces_batch_t *batch, step_t step, bool bulk,
                     attempt_error_t *e) {
     table_t **tables = calloc(batch->count + 1, sizeof(table_t *));
@@ -2197,62 +2325,26 @@ static void attempt(ces_apply_t *a, ces_batch_t *batch, step_t step, bool bulk,
         set_error(e, ERR_FATAL, -1, NULL, "out of memory");
         return;
     }
-    if (prepare_tables(a, batch, tables, e) != 0)
-        goto done;
-    if (PQenterPipelineMode(a->conn) != 1) {
-        set_error(e, ERR_RETRY, -1, NULL, "entering pipeline mode: %s", PQerrorMessage(a->conn));
-        goto done;
-    }
-    if (send_simple(&s, step == STEP_WHOLE ? "BEGIN" : "SAVEPOINT ces_step") != 0)
-        goto fail;
-    for (size_t i = 0; i < batch->count; i++) {
-        ces_item_t *item = &batch->items[i];
-        if (item->kind == CES_ITEM_EVENT) {
-            const char *reject = NULL;
-            if (send_event(&s, (long)i, item, tables[i], &reject) != 0)
-                goto fail;
-            if (reject != NULL && ces_batch_item_reject(item, reject) != 0) {
-                set_error(e, ERR_FATAL, -1, NULL, "out of memory");
-                goto fail;
-            }
-        }
-        if (item->kind == CES_ITEM_DEAD_LETTER && send_dead_letter(&s, (long)i, item) != 0)
-            goto fail;
-        if (maybe_sync(&s) != 0 || e->cls != ERR_NONE)
-            goto fail;
-    }
-    if (bulk_send_all(&s) != 0 || (step != STEP_CHUNK && send_offsets(&s) != 0) ||
-        sync_and_drain(&s) != 0 || e->cls != ERR_NONE)
-        goto fail;
-    if (s.fenced) {
-        set_error(e, ERR_FENCED, -1, NULL,
-                  "the stored consumer position moved: another instance took over a partition");
-        goto fail;
-    }
-    if (send_simple(&s, step == STEP_CHUNK ? "RELEASE SAVEPOINT ces_step" : "COMMIT") != 0 ||
-        sync_and_drain(&s) != 0 || e->cls != ERR_NONE) {
-        e->in_commit = step != STEP_CHUNK;
-        goto fail;
-    }
-    if (PQexitPipelineMode(a->conn) != 1)
-        set_error(e, ERR_RETRY, -1, NULL, "leaving pipeline mode: %s", PQerrorMessage(a->conn));
-    goto done;
-fail:
-    if (step == STEP_WHOLE)
-        abandon(&s);
-    else
-        /* A data error undoes only this step; anything else loses the whole transaction. */
-        abandon_step(&s, (e->cls != ERR_DATA && e->cls != ERR_BULK) || e->in_commit);
-done:
-    bulk_free(&s);
-    free(s.pending);
-    free(s.values);
-    free(s.lengths);
-    free(s.cols);
-    free(s.fields);
-    free(s.marks);
-    free(s.sig);
+    if (attempt_send(a, batch, step, &s, tables) != 0 || attempt_finish(a, step, &s) != 0)
+        attempt_abandon(&s, step);
+    sender_free(&s);
     free(tables);
+}
+
+/* The first attempt of a batch, sent by ces_apply_send and finished by ces_apply_finish. */
+typedef struct async_s {
+    sender_t s;
+    table_t **tables;
+    attempt_error_t e;
+    ces_batch_t *batch;
+} async_t;
+
+static void async_free(async_t *as) {
+    if (as == NULL)
+        return;
+    sender_free(&as->s);
+    free(as->tables);
+    free(as);
 }
 
 /*
@@ -2285,11 +2377,20 @@ static void count_committed(const ces_batch_t *batch, ces_apply_stats_t *stats) 
     }
 }
 
+/* Applies batch as step, retrying as its failures require. first (may be NULL) is the outcome of
+ * a first attempt already made (ces_apply_send): the loop starts by handling it. */
 static ces_apply_status_t apply_step(ces_apply_t *a, ces_batch_t *batch, step_t step,
-                                     ces_apply_stats_t *stats, char *errstr, size_t errstr_size) {
+                                     const attempt_error_t *first, ces_apply_stats_t *stats,
+                                     char *errstr, size_t errstr_size) {
     bool commit_unknown = false;
     bool bulk = true;
     for (;;) {
+        attempt_error_t e = {.failed_item = -1};
+        if (first != NULL) {
+            e = *first;
+            first = NULL;
+            goto outcome;
+        }
         if (step != STEP_WHOLE && !ces_apply_connected(a)) {
             snprintf(errstr, errstr_size, "the connection of the open transaction was lost");
             return CES_APPLY_LOST;
@@ -2305,8 +2406,8 @@ static ces_apply_status_t apply_step(ces_apply_t *a, ces_batch_t *batch, step_t 
             snprintf(errstr, errstr_size, "the streamed transaction was lost with the connection");
             return CES_APPLY_LOST;
         }
-        attempt_error_t e = {.failed_item = -1};
         attempt(a, batch, step, bulk, &e);
+    outcome:
         if (e.cls == ERR_NONE)
             break;
         if (step != STEP_WHOLE && e.cls != ERR_DATA && e.cls != ERR_BULK && e.cls != ERR_FENCED &&
@@ -2435,8 +2536,8 @@ static void purge_tombstones(ces_apply_t *a) {
 ces_apply_status_t ces_apply_batch(ces_apply_t *a, ces_batch_t *batch, ces_apply_stats_t *stats,
                                    char *errstr, size_t errstr_size) {
     bool whole = !a->in_stream;
-    ces_apply_status_t st = apply_step(a, batch, whole ? STEP_WHOLE : STEP_CHUNK, stats, errstr,
-                                       errstr_size);
+    ces_apply_status_t st = apply_step(a, batch, whole ? STEP_WHOLE : STEP_CHUNK, NULL, stats,
+                                       errstr, errstr_size);
     if (st == CES_APPLY_OK && whole)
         purge_tombstones(a);
     return st;
@@ -2460,7 +2561,62 @@ ces_apply_status_t ces_apply_stream_begin(ces_apply_t *a, char *errstr, size_t e
 ces_apply_status_t ces_apply_stream_commit(ces_apply_t *a, ces_batch_t *batch,
                                            ces_apply_stats_t *stats, char *errstr,
                                            size_t errstr_size) {
-    return apply_step(a, batch, STEP_LAST, stats, errstr, errstr_size);
+    return apply_step(a, batch, STEP_LAST, NULL, stats, errstr, errstr_size);
+}
+
+ces_apply_status_t ces_apply_send(ces_apply_t *a, ces_batch_t *batch, char *errstr,
+                                  size_t errstr_size) {
+    if (a->in_stream || a->async != NULL) {
+        snprintf(errstr, errstr_size, "a batch was sent while another one is open");
+        return CES_APPLY_FATAL;
+    }
+    ces_apply_status_t st = ensure_connected(a, errstr, errstr_size);
+    if (st != CES_APPLY_OK)
+        return st;
+    async_t *as = calloc(1, sizeof(*as));
+    table_t **tables = calloc(batch->count + 1, sizeof(table_t *));
+    if (as == NULL || tables == NULL) {
+        free(as);
+        free(tables);
+        snprintf(errstr, errstr_size, "out of memory");
+        return CES_APPLY_FATAL;
+    }
+    as->e = (attempt_error_t){.failed_item = -1};
+    as->s = (sender_t){.a = a, .batch = batch, .e = &as->e, .bulk = true, .nonblocking = true};
+    as->tables = tables;
+    as->batch = batch;
+    a->async = as;
+    /* A failure here is handled by ces_apply_finish like any failed attempt. */
+    attempt_send(a, batch, STEP_WHOLE, &as->s, tables);
+    return CES_APPLY_OK;
+}
+
+void ces_apply_progress(ces_apply_t *a) {
+    async_t *as = a->async;
+    if (as == NULL || !as->s.nonblocking || as->e.cls != ERR_NONE || a->conn == NULL)
+        return;
+    /* Errors show when the batch is finished. */
+    if (PQflush(a->conn) >= 0)
+        PQconsumeInput(a->conn);
+}
+
+bool ces_apply_in_flight(const ces_apply_t *a) { return a->async != NULL; }
+
+ces_apply_status_t ces_apply_finish(ces_apply_t *a, ces_apply_stats_t *stats, char *errstr,
+                                    size_t errstr_size) {
+    async_t *as = a->async;
+    if (as == NULL)
+        return CES_APPLY_OK;
+    a->async = NULL;
+    if (as->e.cls != ERR_NONE || attempt_finish(a, STEP_WHOLE, &as->s) != 0)
+        attempt_abandon(&as->s, STEP_WHOLE);
+    ces_batch_t *batch = as->batch;
+    attempt_error_t e = as->e;
+    async_free(as);
+    ces_apply_status_t st = apply_step(a, batch, STEP_WHOLE, &e, stats, errstr, errstr_size);
+    if (st == CES_APPLY_OK)
+        purge_tombstones(a);
+    return st;
 }
 
 void ces_apply_stream_abort(ces_apply_t *a) {

@@ -81,6 +81,22 @@ ces_apply_status_t ces_apply_batch(ces_apply_t *apply, ces_batch_t *batch,
     __attribute__((warn_unused_result));
 
 /*
+ * The same in two halves, so that the caller goes on (decoding the next batch) while PostgreSQL
+ * executes this one. ces_apply_send sends batch's statements without waiting; batch stays the
+ * caller's and must stay unchanged until ces_apply_finish, which waits for the results, commits,
+ * and, if anything failed, retries exactly as ces_apply_batch would (rejected changes become dead
+ * letters in place). ces_apply_progress, called often meanwhile, hands libpq's buffered
+ * statements to the socket. While a batch is in flight (ces_apply_in_flight) no other ces_apply_
+ * call but these and ces_apply_connected may be made. Not inside a streamed transaction.
+ */
+ces_apply_status_t ces_apply_send(ces_apply_t *apply, ces_batch_t *batch, char *errstr,
+                                  size_t errstr_size) __attribute__((warn_unused_result));
+void ces_apply_progress(ces_apply_t *apply);
+bool ces_apply_in_flight(const ces_apply_t *apply);
+ces_apply_status_t ces_apply_finish(ces_apply_t *apply, ces_apply_stats_t *stats, char *errstr,
+                                    size_t errstr_size) __attribute__((warn_unused_result));
+
+/*
  * Streaming one source transaction too large to hold in memory: ces_apply_stream_begin opens a
  * PostgreSQL transaction; while it is open, ces_apply_batch applies each batch as a part of it (under
  * a savepoint, so a rejected change dead-letters only itself) without committing;

@@ -488,8 +488,9 @@ static int run_daemon(const char *path) {
         }
         if ((pst = ces_pipeline_tick(pipeline, now, err, sizeof(err))) != CES_PIPELINE_OK)
             break;
+        /* A full batch goes to PostgreSQL without waiting: the next one is read meanwhile. */
         if (ces_pipeline_due(pipeline, now) &&
-            (pst = ces_pipeline_flush(pipeline, err, sizeof(err))) != CES_PIPELINE_OK)
+            (pst = ces_pipeline_send(pipeline, err, sizeof(err))) != CES_PIPELINE_OK)
             break;
         ces_record_t rec;
         ces_poll_status_t ps = ces_consumer_poll(
@@ -509,6 +510,9 @@ static int run_daemon(const char *path) {
         if (ces_pipeline_pending(pipeline) && ces_pipeline_settled(pipeline, ces_now_ms())) {
             /* Nothing more arrived right now: apply what we have instead of waiting. */
             if ((pst = ces_pipeline_flush(pipeline, err, sizeof(err))) != CES_PIPELINE_OK)
+                break;
+        } else if (ces_pipeline_flying(pipeline)) {
+            if ((pst = ces_pipeline_complete(pipeline, err, sizeof(err))) != CES_PIPELINE_OK)
                 break;
         } else if (ps == CES_POLL_IDLE && now - last_pg_check >= PG_CHECK_MS) {
             /* Idle: notice a PostgreSQL that went away (or came back) for /readyz. */

@@ -51,6 +51,10 @@ struct ces_order_s {
     size_t nparts;
     size_t parts_capacity;
     bool nomem; /* an offset could not be recorded: min_offset walks the items instead */
+    /* Positions of the batch PostgreSQL is applying (ces_order_set_in_flight), sorted. */
+    ces_position_t *flight;
+    size_t nflight;
+    size_t flight_capacity;
 };
 
 static int heap_push(heap_t *h, int64_t x) {
@@ -177,6 +181,7 @@ void ces_order_destroy(ces_order_t *o) {
     free(o->parts);
     free(o->txns);
     free(o->ring);
+    free(o->flight);
     free(o->slots);
     free(o);
 }
@@ -192,9 +197,14 @@ static bool position_equal(const ces_position_t *a, const ces_position_t *b) {
     return ces_position_compare(a, b) == 0;
 }
 
+static int by_position(const void *a, const void *b) { return ces_position_compare(a, b); }
+
 static bool seen(const ces_order_t *o, const ces_position_t *p) {
     if (o->ring_size == 0)
         return false;
+    if (o->nflight > 0 &&
+        bsearch(p, o->flight, o->nflight, sizeof(ces_position_t), by_position) != NULL)
+        return true;
     size_t i = (size_t)position_hash(p) & (o->nslots - 1);
     while (o->slots[i] != 0) {
         if (position_equal(&o->ring[o->slots[i] - 1], p))
@@ -245,6 +255,27 @@ static void remember(ces_order_t *o, const ces_position_t *p) {
         i = (i + 1) & (o->nslots - 1);
     o->slots[i] = (uint32_t)(r + 1);
 }
+
+int ces_order_set_in_flight(ces_order_t *o, const ces_batch_t *batch) {
+    o->nflight = 0;
+    if (o->ring_size == 0)
+        return 0;
+    if (batch->count > o->flight_capacity) {
+        ces_position_t *f = realloc(o->flight, batch->count * sizeof(*f));
+        if (f == NULL)
+            return -1;
+        o->flight = f;
+        o->flight_capacity = batch->count;
+    }
+    for (size_t i = 0; i < batch->count; i++) {
+        if (batch->items[i].kind == CES_ITEM_EVENT)
+            o->flight[o->nflight++] = batch->items[i].event.position;
+    }
+    qsort(o->flight, o->nflight, sizeof(ces_position_t), by_position);
+    return 0;
+}
+
+void ces_order_clear_in_flight(ces_order_t *o) { o->nflight = 0; }
 
 void ces_order_committed(ces_order_t *o, const ces_batch_t *batch) {
     for (size_t i = 0; i < batch->count; i++) {

@@ -41,6 +41,12 @@ bool ces_order_oldest(const ces_order_t *order, ces_lsn_t *lsn, size_t *events, 
  * out of memory. */
 long ces_order_pop_oldest(ces_order_t *order, ces_batch_t *batch);
 
+/* While batch is being applied (sent, not yet committed), resent copies of its events are
+ * duplicates too: remembers its positions until ces_order_clear_in_flight. Returns 0, or -1 when
+ * out of memory (nothing remembered). */
+int ces_order_set_in_flight(ces_order_t *order, const ces_batch_t *batch);
+void ces_order_clear_in_flight(ces_order_t *order);
+
 /* Remembers the positions of the committed event items of batch (for duplicate detection). */
 void ces_order_committed(ces_order_t *order, const ces_batch_t *batch);
 

@@ -39,6 +39,11 @@ struct ces_pipeline_s {
     partition_t *last_partition; /* reference into partitions: the one looked up last */
     ces_batch_t batch;
     int64_t batch_started_ms;
+    /* The batch PostgreSQL is applying while the next one is read (ces_pipeline_send). */
+    ces_batch_t in_flight;
+    bool flying;
+    int64_t in_flight_started_ms;
+    unsigned adds; /* records added: every few, libpq is given the chance to send more */
     ces_pipeline_stats_t stats;
     /* A source transaction too large for memory is streamed into one open PostgreSQL transaction. */
     bool streaming;
@@ -85,6 +90,8 @@ void ces_pipeline_destroy(ces_pipeline_t *p) {
         return;
     ces_batch_clear(&p->batch);
     ces_batch_free(&p->batch);
+    ces_batch_clear(&p->in_flight);
+    ces_batch_free(&p->in_flight);
     ces_reasm_destroy(p->reasm);
     ces_order_destroy(p->order);
     if (p->partitions != NULL)
@@ -334,6 +341,8 @@ ces_pipeline_status_t ces_pipeline_add(ces_pipeline_t *p, const ces_record_t *re
      * buffer of its whole fetch alive. (Measured on bench/run insert, this alone did not change
      * peak RSS, which librdkafka's prefetch dominates; it removes the dependence on it.) The
      * decoded tree and strings take about as much again as the record. */
+    if (p->flying && (++p->adds & 15) == 0)
+        ces_apply_progress(p->apply);
     ces_arena_t *arena = ces_arena_new_sized(rec->len * 2 + 512);
     if (arena == NULL) {
         ces_consumer_release(rec->handle);
@@ -648,6 +657,9 @@ static int64_t settle_ms(const ces_pipeline_t *p) {
 }
 
 int ces_pipeline_wait_ms(const ces_pipeline_t *p, int64_t now_ms, int max_ms) {
+    /* A batch in flight is completed as soon as nothing more is waiting in librdkafka. */
+    if (p->flying && max_ms > 1)
+        max_ms = 1;
     /* Held transactions are released by time (the reorder window): look again soon. */
     if (p->order != NULL && ces_order_pending_events(p->order) > 0 && max_ms > 10)
         max_ms = 10;
@@ -704,7 +716,86 @@ static void collect_offset(void *value, void *arg) {
 /* Drops what is in memory and goes back to the positions PostgreSQL holds. */
 static ces_pipeline_status_t rewind_all(ces_pipeline_t *p, char *errstr, size_t errstr_size);
 
-ces_pipeline_status_t ces_pipeline_flush(ces_pipeline_t *p, char *errstr, size_t errstr_size) {
+/* What follows a batch that PostgreSQL accepted: committed, or (!commit) one part of a streamed
+ * transaction. Clears batch. */
+static void batch_applied(ces_pipeline_t *p, ces_batch_t *batch, const ces_apply_stats_t *st,
+                          bool commit, int64_t started_ms) {
+    if (p->options.on_applied != NULL)
+        p->options.on_applied(p->options.on_applied_opaque, batch,
+                              (double)(ces_now_ms() - started_ms) / 1000.0);
+    if (!commit) {
+        p->stream_stats.events_applied += st->events_applied;
+        p->stream_stats.dead_letters += st->dead_letters;
+        ces_batch_clear(batch);
+        return;
+    }
+    p->stats.events_applied += st->events_applied + p->stream_stats.events_applied;
+    p->stats.dead_letters += st->dead_letters + p->stream_stats.dead_letters;
+    p->stats.batches++;
+    if (p->streaming)
+        ces_log_info("large source transaction committed (%llu events in its PostgreSQL transaction)",
+                     (unsigned long long)(st->events_applied + p->stream_stats.events_applied));
+    p->streaming = false;
+    p->stream_complete = false;
+    memset(&p->stream_stats, 0, sizeof(p->stream_stats));
+    if (p->order != NULL)
+        ces_order_committed(p->order, batch);
+    for (size_t i = 0; i < batch->noffsets; i++) {
+        const ces_offset_update_t *o = &batch->offsets[i];
+        partition_t *part = partition_get(p, o->topic, o->partition, false);
+        if (part != NULL) {
+            part->has_expected = true;
+            part->expected = o->next;
+            part->dirty = part->next != o->next;
+        }
+        if (p->consumer != NULL)
+            ces_consumer_store_offset(p->consumer, o->topic, o->partition, o->next);
+    }
+    ces_batch_clear(batch);
+}
+
+/* A batch PostgreSQL did not accept: FENCED and LOST go back to the stored positions. */
+static ces_pipeline_status_t apply_failed(ces_pipeline_t *p, ces_apply_status_t rc, char *errstr,
+                                          size_t errstr_size) {
+    switch (rc) {
+    case CES_APPLY_FENCED:
+    case CES_APPLY_LOST:
+        ces_log_warning("%s: going back to the positions stored in PostgreSQL", errstr);
+        return rewind_all(p, errstr, errstr_size);
+    case CES_APPLY_INTERRUPTED:
+        return CES_PIPELINE_INTERRUPTED;
+    default:
+        return CES_PIPELINE_FATAL;
+    }
+}
+
+ces_pipeline_status_t ces_pipeline_complete(ces_pipeline_t *p, char *errstr, size_t errstr_size) {
+    if (!p->flying)
+        return CES_PIPELINE_OK;
+    p->flying = false;
+    ces_apply_stats_t st = {0};
+    ces_apply_status_t rc = ces_apply_finish(p->apply, &st, errstr, errstr_size);
+    if (p->order != NULL)
+        ces_order_clear_in_flight(p->order);
+    p->stats.retries += st.retries;
+    if (rc != CES_APPLY_OK) {
+        /* Rolled back: its records are read again (after a rewind, or a restart). */
+        ces_batch_clear(&p->in_flight);
+        return apply_failed(p, rc, errstr, errstr_size);
+    }
+    batch_applied(p, &p->in_flight, &st, true, p->in_flight_started_ms);
+    return CES_PIPELINE_OK;
+}
+
+bool ces_pipeline_flying(const ces_pipeline_t *p) { return p->flying; }
+
+/* Sends the batch (with the positions it covers) to PostgreSQL; with async, returns while
+ * PostgreSQL executes it, to be completed by the next flush or ces_pipeline_complete. */
+static ces_pipeline_status_t flush(ces_pipeline_t *p, bool async, char *errstr,
+                                   size_t errstr_size) {
+    ces_pipeline_status_t pst = ces_pipeline_complete(p, errstr, errstr_size);
+    if (pst != CES_PIPELINE_OK)
+        return pst;
     /* Inside a streamed transaction nothing is committed, so no position is stored, until its end. */
     bool commit = !p->streaming || p->stream_complete;
     if (p->options.store_offsets && commit) {
@@ -717,58 +808,43 @@ ces_pipeline_status_t ces_pipeline_flush(ces_pipeline_t *p, char *errstr, size_t
     }
     if (p->batch.count == 0 && p->batch.noffsets == 0 && !(p->streaming && commit))
         return CES_PIPELINE_OK;
-    ces_apply_stats_t st = {0};
     int64_t started_ms = ces_now_ms();
+    if (async && !p->streaming &&
+        (p->order == NULL || ces_order_set_in_flight(p->order, &p->batch) == 0)) {
+        /* The batch moves to in_flight (where ces_apply_send keeps pointing), and the emptied
+         * in_flight, with its arrays, becomes the next batch. */
+        ces_batch_t next = p->in_flight;
+        p->in_flight = p->batch;
+        p->batch = next;
+        ces_apply_status_t rc = ces_apply_send(p->apply, &p->in_flight, errstr, errstr_size);
+        if (rc != CES_APPLY_OK) {
+            if (p->order != NULL)
+                ces_order_clear_in_flight(p->order);
+            ces_batch_clear(&p->in_flight);
+            return apply_failed(p, rc, errstr, errstr_size);
+        }
+        p->flying = true;
+        p->in_flight_started_ms = started_ms;
+        return CES_PIPELINE_OK;
+    }
+    ces_apply_stats_t st = {0};
     ces_apply_status_t rc =
         p->streaming && commit
             ? ces_apply_stream_commit(p->apply, &p->batch, &st, errstr, errstr_size)
             : ces_apply_batch(p->apply, &p->batch, &st, errstr, errstr_size);
     p->stats.retries += st.retries;
-    switch (rc) {
-    case CES_APPLY_OK:
-        break;
-    case CES_APPLY_FENCED:
-    case CES_APPLY_LOST:
-        ces_log_warning("%s: going back to the positions stored in PostgreSQL", errstr);
-        return rewind_all(p, errstr, errstr_size);
-    case CES_APPLY_INTERRUPTED:
-        return CES_PIPELINE_INTERRUPTED;
-    case CES_APPLY_FATAL:
-        return CES_PIPELINE_FATAL;
-    }
-    if (p->options.on_applied != NULL)
-        p->options.on_applied(p->options.on_applied_opaque, &p->batch,
-                              (double)(ces_now_ms() - started_ms) / 1000.0);
-    if (!commit) {
-        p->stream_stats.events_applied += st.events_applied;
-        p->stream_stats.dead_letters += st.dead_letters;
-        ces_batch_clear(&p->batch);
-        return CES_PIPELINE_OK;
-    }
-    p->stats.events_applied += st.events_applied + p->stream_stats.events_applied;
-    p->stats.dead_letters += st.dead_letters + p->stream_stats.dead_letters;
-    p->stats.batches++;
-    if (p->streaming)
-        ces_log_info("large source transaction committed (%llu events in its PostgreSQL transaction)",
-                     (unsigned long long)(st.events_applied + p->stream_stats.events_applied));
-    p->streaming = false;
-    p->stream_complete = false;
-    memset(&p->stream_stats, 0, sizeof(p->stream_stats));
-    if (p->order != NULL)
-        ces_order_committed(p->order, &p->batch);
-    for (size_t i = 0; i < p->batch.noffsets; i++) {
-        const ces_offset_update_t *o = &p->batch.offsets[i];
-        partition_t *part = partition_get(p, o->topic, o->partition, false);
-        if (part != NULL) {
-            part->has_expected = true;
-            part->expected = o->next;
-            part->dirty = part->next != o->next;
-        }
-        if (p->consumer != NULL)
-            ces_consumer_store_offset(p->consumer, o->topic, o->partition, o->next);
-    }
-    ces_batch_clear(&p->batch);
+    if (rc != CES_APPLY_OK)
+        return apply_failed(p, rc, errstr, errstr_size);
+    batch_applied(p, &p->batch, &st, commit, started_ms);
     return CES_PIPELINE_OK;
+}
+
+ces_pipeline_status_t ces_pipeline_flush(ces_pipeline_t *p, char *errstr, size_t errstr_size) {
+    return flush(p, false, errstr, errstr_size);
+}
+
+ces_pipeline_status_t ces_pipeline_send(ces_pipeline_t *p, char *errstr, size_t errstr_size) {
+    return flush(p, p->apply != NULL, errstr, errstr_size);
 }
 
 /* Is every owned partition at or past lsn (or quiet), so that no older transaction can come? Then
@@ -875,6 +951,17 @@ static void rewind_partition(void *value, void *arg) {
 }
 
 static ces_pipeline_status_t rewind_all(ces_pipeline_t *p, char *errstr, size_t errstr_size) {
+    if (p->flying) {
+        /* Whether it commits or not, the positions read below account for it. */
+        p->flying = false;
+        ces_apply_stats_t ignored = {0};
+        char why[256];
+        if (ces_apply_finish(p->apply, &ignored, why, sizeof(why)) != CES_APPLY_OK)
+            ces_log_debug("the batch in flight was not applied: %s", why);
+        if (p->order != NULL)
+            ces_order_clear_in_flight(p->order);
+        ces_batch_clear(&p->in_flight);
+    }
     ces_batch_clear(&p->batch);
     ces_reasm_group_t *g;
     while ((g = ces_reasm_take_any(p->reasm)) != NULL)
@@ -904,6 +991,11 @@ int ces_pipeline_on_assigned(void *opaque, const char *topic, const int32_t *par
     char err[512];
     for (size_t i = 0; i < n; i++)
         offsets[i] = -1;
+    /* The connection is needed below: finish the batch in flight first. */
+    if (ces_pipeline_complete(p, err, sizeof(err)) == CES_PIPELINE_FATAL) {
+        ces_log_error("committing before an assignment: %s", err);
+        return -1;
+    }
     if (p->apply != NULL && /* NULL only in unit tests of the ordering rules */
         ces_apply_read_offsets(p->apply, topic, partitions, n, offsets, err, sizeof(err)) !=
             CES_APPLY_OK) {

@@ -113,9 +113,19 @@ bool ces_pipeline_settled(const ces_pipeline_t *pipeline, int64_t now_ms);
 /* How long to wait for the next record, at most max_ms. */
 int ces_pipeline_wait_ms(const ces_pipeline_t *pipeline, int64_t now_ms, int max_ms);
 
-/* Applies the batch and stores the positions it covers, in one PostgreSQL transaction. */
+/* Applies the batch and stores the positions it covers, in one PostgreSQL transaction (after
+ * completing a batch in flight): when it returns, everything is committed. */
 ces_pipeline_status_t ces_pipeline_flush(ces_pipeline_t *pipeline, char *errstr,
                                          size_t errstr_size);
+/* The same without waiting: the batch goes in flight, PostgreSQL executes it while the caller reads
+ * the next one, and the next send, flush or ces_pipeline_complete commits it. Its positions are
+ * stored (in PostgreSQL and Kafka) only then. A streamed transaction's parts are applied at once. */
+ces_pipeline_status_t ces_pipeline_send(ces_pipeline_t *pipeline, char *errstr,
+                                        size_t errstr_size);
+/* Waits for the batch in flight and commits it (nothing to do when there is none). */
+ces_pipeline_status_t ces_pipeline_complete(ces_pipeline_t *pipeline, char *errstr,
+                                            size_t errstr_size);
+bool ces_pipeline_flying(const ces_pipeline_t *pipeline);
 
 /* Consumer callbacks (ces_consumer_callbacks_t); opaque is the pipeline. */
 int ces_pipeline_on_assigned(void *opaque, const char *topic, const int32_t *partitions, size_t n,

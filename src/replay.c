@@ -8,8 +8,8 @@
 #include "log.h"
 #include "types.h"
 
-static ces_replay_status_t flush(ces_pipeline_t *p, char *errstr, size_t errstr_size) {
-    switch (ces_pipeline_flush(p, errstr, errstr_size)) {
+static ces_replay_status_t replay_status(ces_pipeline_status_t st) {
+    switch (st) {
     case CES_PIPELINE_OK: return CES_REPLAY_OK;
     case CES_PIPELINE_INTERRUPTED: return CES_REPLAY_INTERRUPTED;
     case CES_PIPELINE_FATAL: break;
@@ -76,7 +76,9 @@ static ces_replay_status_t replay_file(ces_pipeline_t *p, const char *path,
             rc = CES_REPLAY_FATAL;
             goto done;
         }
-        if (ces_pipeline_due(p, now) && (rc = flush(p, errstr, errstr_size)) != CES_REPLAY_OK)
+        /* A full batch is applied while the next lines are read. */
+        if (ces_pipeline_due(p, now) &&
+            (rc = replay_status(ces_pipeline_send(p, errstr, errstr_size))) != CES_REPLAY_OK)
             goto done;
     }
     if (ferror(f)) {
@@ -96,12 +98,17 @@ ces_replay_status_t ces_replay_files(ces_pipeline_t *p, char *const *paths, size
                                      size_t errstr_size) {
     for (size_t i = 0; i < npaths; i++) {
         ces_replay_status_t rc = replay_file(p, paths[i], stop, errstr, errstr_size);
-        if (rc != CES_REPLAY_OK)
+        if (rc != CES_REPLAY_OK) {
+            /* What was sent before the failure is committed, as if it had been applied at once. */
+            char why[256];
+            if (ces_pipeline_complete(p, why, sizeof(why)) != CES_PIPELINE_OK)
+                ces_log_error("the last batch sent: %s", why);
             return rc;
+        }
     }
     /* Nothing more will come: held transactions are complete, incomplete segment groups are dead
      * letters now. */
     if (ces_pipeline_drain(p, errstr, errstr_size) != CES_PIPELINE_OK)
         return CES_REPLAY_FATAL;
-    return flush(p, errstr, errstr_size);
+    return replay_status(ces_pipeline_flush(p, errstr, errstr_size));
 }

@@ -162,6 +162,34 @@ static void pending_bytes_follow_the_arenas(void **state) {
     ces_order_destroy(o);
 }
 
+/* A batch in flight (sent, not committed): copies of its events are duplicates until it is done,
+ * and after a failure they are not (they must be applied when read again). */
+static void in_flight_positions_are_duplicates(void **state) {
+    (void)state;
+    ces_order_t *o = ces_order_new(16);
+    ces_batch_t batch = {0};
+    ces_item_t a = item(5, 1, 1, 0, 1), b = item(5, 1, 2, 0, 2), c = item(4, 9, 7, 1, 1);
+    assert_int_equal(ces_order_add(o, &a), CES_ORDER_HELD);
+    assert_int_equal(ces_order_add(o, &b), CES_ORDER_HELD);
+    assert_int_equal(ces_order_add(o, &c), CES_ORDER_HELD);
+    assert_int_equal(ces_order_pop_oldest(o, &batch), 1); /* c: the older VLF */
+    assert_int_equal(ces_order_pop_oldest(o, &batch), 2);
+    assert_int_equal(ces_order_set_in_flight(o, &batch), 0);
+    ces_item_t again_b = item(5, 1, 2, 3, 9), again_c = item(4, 9, 7, 2, 4),
+               other = item(5, 1, 3, 0, 3);
+    assert_int_equal(ces_order_add(o, &again_b), CES_ORDER_DUPLICATE);
+    assert_int_equal(ces_order_add(o, &again_c), CES_ORDER_DUPLICATE);
+    assert_int_equal(ces_order_add(o, &other), CES_ORDER_HELD);
+    /* It failed: nothing of it was committed, so a copy read again is new. */
+    ces_order_clear_in_flight(o);
+    ces_item_t third_b = item(5, 1, 2, 0, 2);
+    assert_int_equal(ces_order_add(o, &third_b), CES_ORDER_HELD);
+    assert_int_equal(ces_order_pending_events(o), 2);
+    ces_batch_clear(&batch);
+    ces_batch_free(&batch);
+    ces_order_destroy(o);
+}
+
 static void duplicates_held_and_committed(void **state) {
     (void)state;
     ces_order_t *o = ces_order_new(4);
@@ -228,6 +256,7 @@ int main(void) {
         cmocka_unit_test(min_offsets_follow_what_is_held),
         cmocka_unit_test(duplicates_held_and_committed),
         cmocka_unit_test(pending_bytes_follow_the_arenas),
+        cmocka_unit_test(in_flight_positions_are_duplicates),
         cmocka_unit_test(dedup_window_survives_churn),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
