@@ -47,7 +47,7 @@ static const key_t_ keys[] = {
     {"postgres.retry_max_ms", KEY_INT, F(pg_retry_max_ms), "30000", false, false, 100, 3600000, RESTART},
     {"apply.batch_max_events", KEY_INT, F(apply_batch_max_events), "5000", false, false, 1,
      1000000, RESTART},
-    {"apply.batch_max_bytes", KEY_INT, F(apply_batch_max_bytes), "8388608", false, false, 65536,
+    {"apply.batch_max_bytes", KEY_INT, F(apply_batch_max_bytes), "4194304", false, false, 65536,
      INT64_C(1) << 34, RESTART},
     {"apply.batch_max_ms", KEY_INT, F(apply_batch_max_ms), "100", false, false, 0, 600000, RESTART},
     {"apply.ordering", KEY_STRING, F(apply_ordering), "transaction", false, false, 0, 0, RESTART},

@@ -11,11 +11,14 @@
 /* librdkafka before 2.1 stops fetching once the consumer queue holds queued.min.messages or
  * queued.max.messages.kbytes, and looks again only when the broker's thread wakes up: after up to
  * a second when no request is in flight (librdkafka issue #2879, fixed in 2.1 by
- * fetch.queue.backoff.ms, whose default still waits a second). With a prefetch small enough to bound memory that second was most of
- * the run (bench/run insert: 12.7 s instead of 3.3 s). Any request to a broker wakes its thread,
- * which then decides again what to fetch; the cheapest the public API sends to every leader at
- * once is a ListOffsets (rd_kafka_offsets_for_times). So when the queue has filled up and drained
- * to half again, this thread sends one. It runs with every librdkafka version: one code path. */
+ * fetch.queue.backoff.ms, whose default still waits a second). With a prefetch small enough to
+ * bound memory that second was most of the run (bench/run insert: 12.7 s instead of 3.3 s). A
+ * resumed partition waits the same way: pausing to bound memory under a backlog stalled bench/run
+ * mixed for seconds in some runs. Any request to a broker wakes its thread, which then decides
+ * again what to fetch; the cheapest the public API sends to every leader at once is a ListOffsets
+ * (rd_kafka_offsets_for_times). So when the queue has filled up and drained to half again, or a
+ * partition is resumed, this thread sends one. It runs with every librdkafka version: one code
+ * path. */
 typedef struct {
     pthread_t thread;
     pthread_mutex_t lock;
@@ -451,6 +454,7 @@ static void nudger_start(ces_consumer_t *c) {
                         "pause fetching for up to a second");
         return;
     }
+    pthread_setname_np(c->nudger.thread, "ces2pg-wakeup");
     c->nudger.running = true;
 }
 
@@ -465,6 +469,14 @@ static void nudger_stop(ces_consumer_t *c) {
     pthread_cond_destroy(&c->nudger.cond);
     pthread_mutex_destroy(&c->nudger.lock);
     c->nudger.running = false;
+}
+
+static void nudge(ces_consumer_t *c) {
+    c->wakeups++;
+    pthread_mutex_lock(&c->nudger.lock);
+    c->nudger.wanted = true;
+    pthread_cond_signal(&c->nudger.cond);
+    pthread_mutex_unlock(&c->nudger.lock);
 }
 
 /* Called after every poll: once the queue has reached librdkafka's limits and drained to half,
@@ -482,11 +494,7 @@ static void watch_prefetch(ces_consumer_t *c, const rd_kafka_message_t *m) {
     } else if (c->queue_filled && queued * 2 <= c->queue_max_messages &&
                bytes * 2 <= c->queue_max_bytes) {
         c->queue_filled = false;
-        c->wakeups++;
-        pthread_mutex_lock(&c->nudger.lock);
-        c->nudger.wanted = true;
-        pthread_cond_signal(&c->nudger.cond);
-        pthread_mutex_unlock(&c->nudger.lock);
+        nudge(c);
     }
 }
 
@@ -688,6 +696,9 @@ int ces_consumer_pause(ces_consumer_t *c, const char *topic, int32_t partition, 
                         (int)partition, rd_kafka_err2str(err));
         return -1;
     }
+    /* A resumed partition waits for its broker's thread to look again, like a full queue. */
+    if (!pause && c->nudger.running)
+        nudge(c);
     return 0;
 }
 

@@ -100,8 +100,8 @@ size_t ces_consumer_assigned_count(const ces_consumer_t *consumer);
 /* True once the consumer has joined its group (a first assignment arrived, possibly empty). */
 bool ces_consumer_joined(const ces_consumer_t *consumer);
 
-/* Times the prefetch queue filled to librdkafka's limits, drained to half and its fetcher was woken
- * up (see consumer.c). */
+/* Times librdkafka's fetcher was woken up: the prefetch queue had filled to librdkafka's limits and
+ * drained to half, or a paused partition was resumed (see consumer.c). */
 uint64_t ces_consumer_fetch_wakeups(const ces_consumer_t *consumer);
 
 #endif

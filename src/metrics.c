@@ -423,8 +423,9 @@ int ces_metrics_render(ces_metrics_t *m, char **out_buf, size_t *out_len) {
     header(out, "ces2pg_partitions_assigned", "gauge", "Kafka partitions assigned to ces2pg.");
     fprintf(out, "ces2pg_partitions_assigned %zu\n", atomic_load(&m->assigned));
     header(out, "ces2pg_kafka_fetch_wakeups_total", "counter",
-           "Times librdkafka's prefetch queue filled up, drained to half and its fetcher was woken "
-           "up (often under a backlog: each saves librdkafka 2.0 up to a second of idling).");
+           "Times librdkafka's fetcher was woken up: its prefetch queue had filled up and drained "
+           "to half, or a paused partition was resumed (under a backlog these are frequent: each "
+           "saves librdkafka 2.0 up to a second of idling).");
     fprintf(out, "ces2pg_kafka_fetch_wakeups_total %llu\n", atomic_load(&m->fetch_wakeups));
     header(out, "ces2pg_consumer_lag", "gauge",
            "Records of a partition not yet applied: high watermark minus the position stored in "
