@@ -2337,6 +2337,7 @@ typedef struct async_s {
     table_t **tables;
     attempt_error_t e;
     ces_batch_t *batch;
+    step_t step; /* a whole transaction, or a part of the streamed one */
 } async_t;
 
 static void async_free(async_t *as) {
@@ -2566,13 +2567,21 @@ ces_apply_status_t ces_apply_stream_commit(ces_apply_t *a, ces_batch_t *batch,
 
 ces_apply_status_t ces_apply_send(ces_apply_t *a, ces_batch_t *batch, char *errstr,
                                   size_t errstr_size) {
-    if (a->in_stream || a->async != NULL) {
+    if (a->async != NULL) {
         snprintf(errstr, errstr_size, "a batch was sent while another one is open");
         return CES_APPLY_FATAL;
     }
-    ces_apply_status_t st = ensure_connected(a, errstr, errstr_size);
-    if (st != CES_APPLY_OK)
-        return st;
+    step_t step = a->in_stream ? STEP_CHUNK : STEP_WHOLE;
+    if (step == STEP_CHUNK && !ces_apply_connected(a)) {
+        snprintf(errstr, errstr_size, "the connection of the open transaction was lost");
+        a->in_stream = false;
+        return CES_APPLY_LOST;
+    }
+    if (step == STEP_WHOLE) {
+        ces_apply_status_t st = ensure_connected(a, errstr, errstr_size);
+        if (st != CES_APPLY_OK)
+            return st;
+    }
     async_t *as = calloc(1, sizeof(*as));
     table_t **tables = calloc(batch->count + 1, sizeof(table_t *));
     if (as == NULL || tables == NULL) {
@@ -2585,9 +2594,10 @@ ces_apply_status_t ces_apply_send(ces_apply_t *a, ces_batch_t *batch, char *errs
     as->s = (sender_t){.a = a, .batch = batch, .e = &as->e, .bulk = true, .nonblocking = true};
     as->tables = tables;
     as->batch = batch;
+    as->step = step;
     a->async = as;
     /* A failure here is handled by ces_apply_finish like any failed attempt. */
-    attempt_send(a, batch, STEP_WHOLE, &as->s, tables);
+    attempt_send(a, batch, step, &as->s, tables);
     return CES_APPLY_OK;
 }
 
@@ -2608,13 +2618,14 @@ ces_apply_status_t ces_apply_finish(ces_apply_t *a, ces_apply_stats_t *stats, ch
     if (as == NULL)
         return CES_APPLY_OK;
     a->async = NULL;
-    if (as->e.cls != ERR_NONE || attempt_finish(a, STEP_WHOLE, &as->s) != 0)
-        attempt_abandon(&as->s, STEP_WHOLE);
+    step_t step = as->step;
+    if (as->e.cls != ERR_NONE || attempt_finish(a, step, &as->s) != 0)
+        attempt_abandon(&as->s, step);
     ces_batch_t *batch = as->batch;
     attempt_error_t e = as->e;
     async_free(as);
-    ces_apply_status_t st = apply_step(a, batch, STEP_WHOLE, &e, stats, errstr, errstr_size);
-    if (st == CES_APPLY_OK)
+    ces_apply_status_t st = apply_step(a, batch, step, &e, stats, errstr, errstr_size);
+    if (st == CES_APPLY_OK && step == STEP_WHOLE)
         purge_tombstones(a);
     return st;
 }

@@ -43,6 +43,7 @@ struct ces_pipeline_s {
     ces_batch_t in_flight;
     bool flying;
     int64_t in_flight_started_ms;
+    bool in_flight_commits; /* false: a part of the streamed transaction */
     unsigned adds; /* records added: every few, libpq is given the chance to send more */
     ces_pipeline_stats_t stats;
     /* A source transaction too large for memory is streamed into one open PostgreSQL transaction. */
@@ -783,7 +784,7 @@ ces_pipeline_status_t ces_pipeline_complete(ces_pipeline_t *p, char *errstr, siz
         ces_batch_clear(&p->in_flight);
         return apply_failed(p, rc, errstr, errstr_size);
     }
-    batch_applied(p, &p->in_flight, &st, true, p->in_flight_started_ms);
+    batch_applied(p, &p->in_flight, &st, p->in_flight_commits, p->in_flight_started_ms);
     return CES_PIPELINE_OK;
 }
 
@@ -809,7 +810,8 @@ static ces_pipeline_status_t flush(ces_pipeline_t *p, bool async, char *errstr,
     if (p->batch.count == 0 && p->batch.noffsets == 0 && !(p->streaming && commit))
         return CES_PIPELINE_OK;
     int64_t started_ms = ces_now_ms();
-    if (async && !p->streaming &&
+    /* The last part of a streamed transaction commits it: that one waits. */
+    if (async && !(p->streaming && commit) &&
         (p->order == NULL || ces_order_set_in_flight(p->order, &p->batch) == 0)) {
         /* The batch moves to in_flight (where ces_apply_send keeps pointing), and the emptied
          * in_flight, with its arrays, becomes the next batch. */
@@ -825,6 +827,7 @@ static ces_pipeline_status_t flush(ces_pipeline_t *p, bool async, char *errstr,
         }
         p->flying = true;
         p->in_flight_started_ms = started_ms;
+        p->in_flight_commits = commit;
         return CES_PIPELINE_OK;
     }
     ces_apply_stats_t st = {0};
@@ -906,7 +909,8 @@ static ces_pipeline_status_t stream_large_transaction(ces_pipeline_t *p, int64_t
         snprintf(errstr, errstr_size, "out of memory");
         return CES_PIPELINE_FATAL;
     }
-    return ces_pipeline_flush(p, errstr, errstr_size);
+    /* Applied while the next part is read, like a full batch. */
+    return flush(p, true, errstr, errstr_size);
 }
 
 typedef struct {

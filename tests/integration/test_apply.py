@@ -308,6 +308,28 @@ def test_key_change_without_old_image(tmp_path, db):
     assert "carry no old row image" in err
 
 
+def test_rejected_change_inside_a_streamed_transaction(tmp_path, db):
+    """One source transaction of 600 changes, streamed in parts of 100 (each sent while the next
+    is read): the change PostgreSQL refuses (a CHECK constraint of the target table) becomes a dead
+    letter, its part is applied again without it, and everything else commits together."""
+    db.query("CREATE SCHEMA dbo")
+    db.query("CREATE TABLE dbo.streamed (id integer PRIMARY KEY, v integer CHECK (v <> 13))")
+    cols = [("Id", "int"), ("V", "int")]
+    _lsn[0] += 1
+    lsn = _lsn[0]
+    values = [{"Id": str(i), "V": "13" if i == 250 else str(1000 + i)} for i in range(1, 601)]
+    records = [ces_record("Streamed", cols, "INS", v, pk=["Id"], sequence=int(v["Id"]), lsn=lsn)
+               for v in values]
+    (total, applied, dead), _, err = replay_records(db, tmp_path, records, batch_max_events=100)
+    assert (total, applied, dead) == (600, 599, 1), err
+    assert "streaming it into one PostgreSQL transaction" in err
+    assert "large source transaction committed (599 events" in err
+    [dl] = dead_letters(db)
+    assert dl["offset"] == 250 and "streamed_v_check" in dl["reason"], dl
+    assert text_query(db, "SELECT count(*), sum(id) FROM dbo.streamed") == [
+        (599, sum(range(1, 601)) - 250)]
+
+
 def test_postgres_restart_mid_stream(tmp_path, pg, db, broker, ces2pg):
     b = broker(partitions=2)
     expect = generate(tmp_path, seed=51, events=6000)
