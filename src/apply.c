@@ -2610,8 +2610,6 @@ void ces_apply_progress(ces_apply_t *a) {
         PQconsumeInput(a->conn);
 }
 
-bool ces_apply_in_flight(const ces_apply_t *a) { return a->async != NULL; }
-
 ces_apply_status_t ces_apply_finish(ces_apply_t *a, ces_apply_stats_t *stats, char *errstr,
                                     size_t errstr_size) {
     async_t *as = a->async;

@@ -139,22 +139,23 @@ static partition_t *partition_get(ces_pipeline_t *p, const char *topic, int32_t 
 static int add_dead_letter(ces_pipeline_t *p, const ces_source_t *source, const char *reason,
                            const char *logicalid, const void *raw, size_t raw_len,
                            ces_arena_t *arena) {
-    ces_item_t *item = ces_batch_add(&p->batch);
-    if (item == NULL) {
+    ces_item_t item = {
+        .kind = CES_ITEM_DEAD_LETTER,
+        .source = *source,
+        .arena = arena,
+        .raw = raw,
+        .raw_len = raw_len,
+        .reason = ces_arena_strndup(arena, reason, strlen(reason)),
+        .logicalid = logicalid ? ces_arena_strndup(arena, logicalid, strlen(logicalid)) : NULL,
+    };
+    if (item.reason == NULL || (logicalid != NULL && item.logicalid == NULL) ||
+        ces_batch_push(&p->batch, &item) != 0) {
         ces_arena_destroy(arena);
         return -1;
     }
-    item->kind = CES_ITEM_DEAD_LETTER;
-    item->source = *source;
-    item->arena = arena;
-    item->raw = raw;
-    item->raw_len = raw_len;
-    item->reason = ces_arena_strndup(arena, reason, strlen(reason));
-    item->logicalid = logicalid ? ces_arena_strndup(arena, logicalid, strlen(logicalid)) : NULL;
-    p->batch.bytes += ces_arena_footprint(arena);
     ces_log_warning("dead letter: %s[%d]@%lld: %s", source->topic, (int)source->partition,
                     (long long)source->offset, reason);
-    return item->reason == NULL ? -1 : 0;
+    return 0;
 }
 
 static bool matches_any(const char *const *globs, size_t n, const char *name) {
@@ -770,22 +771,27 @@ static ces_pipeline_status_t apply_failed(ces_pipeline_t *p, ces_apply_status_t 
     }
 }
 
-ces_pipeline_status_t ces_pipeline_complete(ces_pipeline_t *p, char *errstr, size_t errstr_size) {
-    if (!p->flying)
-        return CES_PIPELINE_OK;
+/* Waits for the batch in flight. Committed, it is accounted for like any applied batch; rolled
+ * back, it is dropped (its records are read again, after a rewind or a restart). */
+static ces_apply_status_t land_in_flight(ces_pipeline_t *p, char *errstr, size_t errstr_size) {
     p->flying = false;
     ces_apply_stats_t st = {0};
     ces_apply_status_t rc = ces_apply_finish(p->apply, &st, errstr, errstr_size);
     if (p->order != NULL)
         ces_order_clear_in_flight(p->order);
     p->stats.retries += st.retries;
-    if (rc != CES_APPLY_OK) {
-        /* Rolled back: its records are read again (after a rewind, or a restart). */
+    if (rc == CES_APPLY_OK)
+        batch_applied(p, &p->in_flight, &st, p->in_flight_commits, p->in_flight_started_ms);
+    else
         ces_batch_clear(&p->in_flight);
-        return apply_failed(p, rc, errstr, errstr_size);
-    }
-    batch_applied(p, &p->in_flight, &st, p->in_flight_commits, p->in_flight_started_ms);
-    return CES_PIPELINE_OK;
+    return rc;
+}
+
+ces_pipeline_status_t ces_pipeline_complete(ces_pipeline_t *p, char *errstr, size_t errstr_size) {
+    if (!p->flying)
+        return CES_PIPELINE_OK;
+    ces_apply_status_t rc = land_in_flight(p, errstr, errstr_size);
+    return rc == CES_APPLY_OK ? CES_PIPELINE_OK : apply_failed(p, rc, errstr, errstr_size);
 }
 
 bool ces_pipeline_flying(const ces_pipeline_t *p) { return p->flying; }
@@ -955,17 +961,10 @@ static void rewind_partition(void *value, void *arg) {
 }
 
 static ces_pipeline_status_t rewind_all(ces_pipeline_t *p, char *errstr, size_t errstr_size) {
-    if (p->flying) {
-        /* Whether it commits or not, the positions read below account for it. */
-        p->flying = false;
-        ces_apply_stats_t ignored = {0};
-        char why[256];
-        if (ces_apply_finish(p->apply, &ignored, why, sizeof(why)) != CES_APPLY_OK)
-            ces_log_debug("the batch in flight was not applied: %s", why);
-        if (p->order != NULL)
-            ces_order_clear_in_flight(p->order);
-        ces_batch_clear(&p->in_flight);
-    }
+    char why[256];
+    /* Whether it commits or not, the positions read below account for it. */
+    if (p->flying && land_in_flight(p, why, sizeof(why)) != CES_APPLY_OK)
+        ces_log_debug("the batch in flight was not applied: %s", why);
     ces_batch_clear(&p->batch);
     ces_reasm_group_t *g;
     while ((g = ces_reasm_take_any(p->reasm)) != NULL)
