@@ -315,7 +315,8 @@ static void publish_metrics(daemon_t *d, ces_pipeline_t *pipeline, ces_consumer_
     free(ps.parts);
 }
 
-/* The progress line: logged while records flow, and systemd's STATUS= always. */
+/* The progress line: logged while records arrive or changes are applied (a change applied after
+ * the last record arrived is reported too), and systemd's STATUS= always. */
 static void report_progress(daemon_t *d, const ces_pipeline_stats_t *now,
                             const ces_pipeline_stats_t *before, int64_t elapsed_ms) {
     double secs = elapsed_ms > 0 ? (double)elapsed_ms / 1000.0 : 1.0;
@@ -336,7 +337,8 @@ static void report_progress(daemon_t *d, const ces_pipeline_stats_t *now,
              (unsigned long long)now->events_applied, (unsigned long long)now->dead_letters,
              (unsigned long long)now->duplicates, now->pending_events,
              (unsigned long long)now->retries);
-    if (now->records != before->records)
+    if (now->records != before->records || now->events_applied != before->events_applied ||
+        now->dead_letters != before->dead_letters)
         ces_log_info("progress: %s", line);
     ces_notify_status("%s", line);
 }
