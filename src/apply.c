@@ -1242,6 +1242,12 @@ typedef struct {
     attempt_error_t *e;
     bool fenced;
     bool nonblocking; /* sending without waiting for the socket (ces_apply_send) */
+    /* An incremental drain (drain_some without waiting): results read, whether the NULL after
+     * the last one is still due, and, once it reached the Sync (drain_done), its outcome. */
+    size_t drained;
+    bool between;
+    bool drain_done;
+    int drain_rc;
     /* scratch for one statement's parameters */
     const char **values;
     int *lengths;
@@ -1293,16 +1299,38 @@ static int send_sync(sender_t *s) {
     return 0;
 }
 
-/* Reads every pending result up to the Sync. Returns -1 on a broken connection. */
-static int drain(sender_t *s) {
+/* Forgets where an incremental drain stopped (the pending results are dropped or read anew). */
+static void drain_reset(sender_t *s) {
+    s->drained = 0;
+    s->between = false;
+    s->drain_rc = 0;
+    s->drain_done = false;
+}
+
+/* Reads the pending results up to the Sync. With wait false it stops where libpq would block and
+ * returns 1; called again, it goes on from there (ces_apply_ready). Returns 0 at the Sync, -1 on a
+ * broken connection. */
+static int drain_some(sender_t *s, bool wait) {
     PGconn *conn = s->a->conn;
-    int rc = 0;
-    for (size_t i = 0; i < s->npending; i++) {
-        pending_t *p = &s->pending[i];
+    while (s->drained < s->npending || s->between) {
+        if (!wait && PQisBusy(conn))
+            return 1;
         PGresult *r = PQgetResult(conn);
+        if (s->between) {
+            /* The NULL that ends each statement's results. */
+            s->between = false;
+            if (r != NULL) {
+                PQclear(r);
+                set_error(s->e, ERR_RETRY, -1, NULL, "unexpected extra result from PostgreSQL");
+                s->drain_rc = -1;
+            }
+            continue;
+        }
+        pending_t *p = &s->pending[s->drained++];
         if (r == NULL) {
             set_error(s->e, ERR_RETRY, -1, NULL, "PostgreSQL connection lost: %s",
                       PQerrorMessage(conn));
+            drain_reset(s);
             return -1;
         }
         ExecStatusType st = PQresultStatus(r);
@@ -1322,18 +1350,18 @@ static int drain(sender_t *s) {
                 s->e->cls = ERR_BULK;
             if (PQstatus(conn) != CONNECTION_OK) {
                 PQclear(r);
+                drain_reset(s);
                 return -1;
             }
         }
         PQclear(r);
-        r = PQgetResult(conn); /* the NULL that ends each statement's results */
-        if (r != NULL) {
-            PQclear(r);
-            set_error(s->e, ERR_RETRY, -1, NULL, "unexpected extra result from PostgreSQL");
-            rc = -1;
-        }
+        s->between = true;
     }
+    if (!wait && PQisBusy(conn))
+        return 1;
+    int rc = s->drain_rc;
     s->npending = 0;
+    drain_reset(s);
     PGresult *r = PQgetResult(conn);
     if (r == NULL || PQresultStatus(r) != PGRES_PIPELINE_SYNC) {
         if (r != NULL)
@@ -1345,6 +1373,17 @@ static int drain(sender_t *s) {
     }
     PQclear(r);
     return rc;
+}
+
+/* Reads every pending result up to the Sync (or returns what ces_apply_ready's drain found).
+ * Returns -1 on a broken connection. */
+static int drain(sender_t *s) {
+    if (s->drain_done) {
+        int rc = s->drain_rc;
+        drain_reset(s);
+        return rc;
+    }
+    return drain_some(s, true);
 }
 
 /* Sends a Sync and reads every pending result. Returns -1 on a broken connection. */
@@ -2177,6 +2216,7 @@ static void abandon(sender_t *s) {
     attempt_error_t *saved = s->e;
     s->e = &ignored;
     s->npending = 0;
+    drain_reset(s);
     if (send_simple(s, "ROLLBACK") == 0)
         sync_and_drain(s);
     s->e = saved;
@@ -2200,6 +2240,7 @@ static void abandon_step(sender_t *s, bool whole) {
     attempt_error_t *saved = s->e;
     s->e = &ignored;
     s->npending = 0;
+    drain_reset(s);
     if (send_simple(s, whole ? "ROLLBACK" : "ROLLBACK TO SAVEPOINT ces_step") == 0)
         sync_and_drain(s);
     s->e = saved;
@@ -2608,6 +2649,30 @@ void ces_apply_progress(ces_apply_t *a) {
     /* Errors show when the batch is finished. */
     if (PQflush(a->conn) >= 0)
         PQconsumeInput(a->conn);
+}
+
+bool ces_apply_ready(ces_apply_t *a) {
+    async_t *as = a->async;
+    if (as == NULL || as->e.cls != ERR_NONE || a->conn == NULL || as->s.drain_done)
+        return true;
+    /* Trouble of any kind shows when the batch is finished: report ready. */
+    if (as->s.nonblocking) {
+        int flushed = PQflush(a->conn);
+        if (flushed < 0)
+            return true;
+        if (flushed == 1) {
+            PQconsumeInput(a->conn); /* the server may wait for us to read before it reads on */
+            return false;
+        }
+    }
+    if (PQconsumeInput(a->conn) != 1)
+        return true;
+    int rc = drain_some(&as->s, false);
+    if (rc == 1)
+        return false;
+    as->s.drain_done = true;
+    as->s.drain_rc = rc;
+    return true;
 }
 
 ces_apply_status_t ces_apply_finish(ces_apply_t *a, ces_apply_stats_t *stats, char *errstr,

@@ -86,13 +86,17 @@ ces_apply_status_t ces_apply_batch(ces_apply_t *apply, ces_batch_t *batch,
  * caller's and must stay unchanged until ces_apply_finish, which waits for the results, commits,
  * and, if anything failed, retries exactly as ces_apply_batch would (rejected changes become dead
  * letters in place). ces_apply_progress, called often meanwhile, hands libpq's buffered
- * statements to the socket. While a batch is in flight (sent, not finished) no other ces_apply_
+ * statements to the socket. ces_apply_ready does that too and reads the results that have come,
+ * without waiting: true when ces_apply_finish will not wait for PostgreSQL to execute the batch
+ * (it is done, or something failed; finish tells which), so that the caller can go on reading
+ * meanwhile. While a batch is in flight (sent, not finished) no other ces_apply_
  * call but these and ces_apply_connected may be made. Inside a streamed transaction the batch is
  * sent as one part of it, as ces_apply_batch would (its last part, ces_apply_stream_commit, waits).
  */
 ces_apply_status_t ces_apply_send(ces_apply_t *apply, ces_batch_t *batch, char *errstr,
                                   size_t errstr_size) __attribute__((warn_unused_result));
 void ces_apply_progress(ces_apply_t *apply);
+bool ces_apply_ready(ces_apply_t *apply);
 ces_apply_status_t ces_apply_finish(ces_apply_t *apply, ces_apply_stats_t *stats, char *errstr,
                                     size_t errstr_size) __attribute__((warn_unused_result));
 

@@ -490,8 +490,10 @@ static int run_daemon(const char *path) {
         }
         if ((pst = ces_pipeline_tick(pipeline, now, err, sizeof(err))) != CES_PIPELINE_OK)
             break;
-        /* A full batch goes to PostgreSQL without waiting: the next one is read meanwhile. */
-        if (ces_pipeline_due(pipeline, now) &&
+        /* A full batch goes to PostgreSQL without waiting: the next one is read meanwhile. While
+         * PostgreSQL still executes the batch before it, records are read on (into the batch and
+         * then held, both bounded) rather than waiting for it. */
+        if (ces_pipeline_due(pipeline, now) && ces_pipeline_ready(pipeline) &&
             (pst = ces_pipeline_send(pipeline, err, sizeof(err))) != CES_PIPELINE_OK)
             break;
         ces_record_t rec;
@@ -509,12 +511,16 @@ static int run_daemon(const char *path) {
         }
         if (ps == CES_POLL_EOF)
             ces_pipeline_partition_eof(pipeline, rec.topic, rec.partition, rec.offset);
+        bool flight_done = ces_pipeline_ready(pipeline);
         if (ces_pipeline_pending(pipeline) && ces_pipeline_settled(pipeline, ces_now_ms())) {
-            /* Nothing more arrived right now: apply what we have instead of waiting. */
-            if ((pst = ces_pipeline_flush(pipeline, err, sizeof(err))) != CES_PIPELINE_OK)
+            /* Nothing more arrived right now: apply what we have instead of waiting (once the
+             * batch before it is done; it is completed when the next pause comes). */
+            if (flight_done &&
+                (pst = ces_pipeline_send(pipeline, err, sizeof(err))) != CES_PIPELINE_OK)
                 break;
         } else if (ces_pipeline_flying(pipeline)) {
-            if ((pst = ces_pipeline_complete(pipeline, err, sizeof(err))) != CES_PIPELINE_OK)
+            if (flight_done &&
+                (pst = ces_pipeline_complete(pipeline, err, sizeof(err))) != CES_PIPELINE_OK)
                 break;
         } else if (ps == CES_POLL_IDLE && now - last_pg_check >= PG_CHECK_MS) {
             /* Idle: notice a PostgreSQL that went away (or came back) for /readyz. */

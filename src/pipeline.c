@@ -673,7 +673,7 @@ int ces_pipeline_wait_ms(const ces_pipeline_t *p, int64_t now_ms, int max_ms) {
     int64_t age = now_ms - p->batch_started_ms;
     int64_t left = (age < settle_ms(p) ? settle_ms(p) : p->options.batch_max_ms) - age;
     if (left <= 0)
-        return 0;
+        return p->flying ? 1 : 0; /* due, but it waits for the batch in flight: do not spin */
     return left < max_ms ? (int)left : max_ms;
 }
 
@@ -795,6 +795,8 @@ ces_pipeline_status_t ces_pipeline_complete(ces_pipeline_t *p, char *errstr, siz
 }
 
 bool ces_pipeline_flying(const ces_pipeline_t *p) { return p->flying; }
+
+bool ces_pipeline_ready(ces_pipeline_t *p) { return !p->flying || ces_apply_ready(p->apply); }
 
 /* Sends the batch (with the positions it covers) to PostgreSQL; with async, returns while
  * PostgreSQL executes it, to be completed by the next flush or ces_pipeline_complete. */

@@ -126,6 +126,9 @@ ces_pipeline_status_t ces_pipeline_send(ces_pipeline_t *pipeline, char *errstr,
 ces_pipeline_status_t ces_pipeline_complete(ces_pipeline_t *pipeline, char *errstr,
                                             size_t errstr_size);
 bool ces_pipeline_flying(const ces_pipeline_t *pipeline);
+/* True unless a batch is in flight that PostgreSQL is still executing: then a send, flush or
+ * ces_pipeline_complete would wait, and the caller had better go on reading records. */
+bool ces_pipeline_ready(ces_pipeline_t *pipeline);
 
 /* Consumer callbacks (ces_consumer_callbacks_t); opaque is the pipeline. */
 int ces_pipeline_on_assigned(void *opaque, const char *topic, const int32_t *partitions, size_t n,

@@ -15,6 +15,7 @@ from conftest import (
     PacedProducer,
     assert_tables_match,
     dead_letters,
+    free_port,
     generate,
     parse_replay_summary,
     read_records,
@@ -23,6 +24,7 @@ from conftest import (
     wait_until,
     write_records,
 )
+from test_operations import metric, scrape
 
 GROUP = "ces2pg-test"
 _lsn = [0x1000]
@@ -345,6 +347,42 @@ def test_postgres_restart_mid_stream(tmp_path, pg, db, broker, ces2pg):
     wait_applied(db, GROUP, producer.counts, timeout=90, daemons=[daemon])
     assert_tables_match(db, expect)
     assert dead_letters(db) == []
+    assert daemon.terminate() == 0
+
+
+def test_records_are_read_while_postgresql_executes_a_batch(tmp_path, db, broker, ces2pg):
+    """A batch that PostgreSQL takes long to execute (here it waits for a row lock) does not stop
+    ces2pg from reading on: the records behind it are consumed meanwhile, and applied after it."""
+    cols = [("Id", "int"), ("V", "int")]
+    b = broker(partitions=1)
+    port = free_port()
+    daemon = ces2pg(db, b, group=GROUP, http_listen=f"127.0.0.1:{port}")
+    b.produce("ces", [ces_record("Locked", cols, "INS", {"Id": "1", "V": "1"}, pk=["Id"])],
+              partition=0)
+    wait_applied(db, GROUP, {0: 1}, daemons=[daemon])
+    consumed = lambda: metric(scrape(port), "ces2pg_records_consumed_total")
+    blocker = db.connect()
+    blocker.autocommit = False
+    blocker.cursor().execute("SELECT * FROM dbo.locked WHERE id = 1 FOR UPDATE")
+    try:
+        b.produce("ces", [ces_record("Locked", cols, "UPD", {"Id": "1", "V": "2"},
+                                     old={"Id": "1", "V": "1"}, pk=["Id"])], partition=0)
+        wait_until(lambda: db.scalar("SELECT count(*) FROM pg_stat_activity "
+                                     "WHERE wait_event_type = 'Lock'") == 1, 30,
+                   message="ces2pg's batch waits for the row lock")
+        behind = [ces_record("Behind", cols, "INS", {"Id": str(i), "V": str(i)}, pk=["Id"])
+                  for i in range(20)]
+        b.produce("ces", behind, partition=0)
+        wait_until(lambda: consumed() == 22, 30,
+                   message="the records behind the waiting batch are consumed")
+        assert db.scalar("SELECT count(*) FROM pg_stat_activity "
+                         "WHERE wait_event_type = 'Lock'") == 1, "the batch still waits"
+    finally:
+        blocker.rollback()
+        blocker.close()
+    wait_applied(db, GROUP, {0: 22}, daemons=[daemon])
+    assert text_query(db, "SELECT v FROM dbo.locked") == [(2,)]
+    assert db.scalar("SELECT count(*) FROM dbo.behind") == 20
     assert daemon.terminate() == 0
 
 
