@@ -6,6 +6,7 @@
 
 #define ARENA_BLOCK_SIZE 8192
 #define ARENA_ALIGN 16
+#define ARENA_MAX_REUSED (256u << 10)
 
 typedef struct arena_block_s {
     struct arena_block_s *next;
@@ -18,13 +19,38 @@ struct ces_arena_s {
     arena_block_t *head; /* current block; older blocks follow */
     size_t footprint;
     size_t block_size;
+    size_t first_block_size; /* as created: what a reset after a huge use goes back to */
 };
 
 ces_arena_t *ces_arena_new_sized(size_t first_block) {
     ces_arena_t *a = calloc(1, sizeof(ces_arena_t));
-    if (a != NULL)
-        a->block_size = first_block < 256 ? 256 : first_block > ARENA_BLOCK_SIZE * 8 ? ARENA_BLOCK_SIZE * 8 : first_block;
+    if (a == NULL)
+        return NULL;
+    a->block_size = first_block < 256                    ? 256
+                    : first_block > ARENA_BLOCK_SIZE * 8 ? ARENA_BLOCK_SIZE * 8
+                                                         : first_block;
+    a->first_block_size = a->block_size;
     return a;
+}
+
+void ces_arena_reset(ces_arena_t *arena) {
+    arena_block_t *b = arena->head;
+    if (b == NULL)
+        return;
+    if (b->next == NULL && b->size <= ARENA_MAX_REUSED) {
+        b->used = 0;
+        return;
+    }
+    size_t total = 0;
+    while (b != NULL) {
+        arena_block_t *next = b->next;
+        total += b->size;
+        free(b);
+        b = next;
+    }
+    arena->head = NULL;
+    arena->footprint = 0;
+    arena->block_size = total > ARENA_MAX_REUSED ? arena->first_block_size : total;
 }
 
 ces_arena_t *ces_arena_new(void) { return ces_arena_new_sized(ARENA_BLOCK_SIZE); }

@@ -19,6 +19,12 @@ ces_arena_t *ces_arena_new_sized(size_t first_block);
 /* Frees the arena and everything allocated from it. Accepts NULL. */
 void ces_arena_destroy(ces_arena_t *arena);
 
+/* Frees everything allocated from the arena, which stays usable. A reused arena needs no malloc
+ * for what fits where its last use fitted: if that took several blocks, they are replaced by one
+ * block of their size for the next use. After a use of more than 256 KB the arena starts again
+ * as it was created. */
+void ces_arena_reset(ces_arena_t *arena);
+
 /* Returns size bytes aligned for any type, owned by the arena; NULL when out of memory. */
 void *ces_arena_alloc(ces_arena_t *arena, size_t size);
 /* Copies len bytes and appends a NUL; the copy is owned by the arena. NULL when out of memory. */

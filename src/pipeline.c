@@ -45,6 +45,9 @@ struct ces_pipeline_s {
     int64_t in_flight_started_ms;
     bool in_flight_commits; /* false: a part of the streamed transaction */
     unsigned adds; /* records added: every few, libpq is given the chance to send more */
+    /* The arena the last whole event was decoded in, emptied: the next record is decoded in it
+     * (a record's JSON trees need several blocks, which would be malloc'ed and freed each time). */
+    ces_arena_t *spare;
     ces_pipeline_stats_t stats;
     /* A source transaction too large for memory is streamed into one open PostgreSQL transaction. */
     bool streaming;
@@ -98,6 +101,7 @@ void ces_pipeline_destroy(ces_pipeline_t *p) {
     if (p->partitions != NULL)
         ces_map_clear(p->partitions, partition_free, NULL);
     ces_map_destroy(p->partitions);
+    ces_arena_destroy(p->spare);
     free(p);
 }
 
@@ -345,7 +349,8 @@ ces_pipeline_status_t ces_pipeline_add(ces_pipeline_t *p, const ces_record_t *re
      * decoded tree and strings take about as much again as the record. */
     if (p->flying && (++p->adds & 15) == 0)
         ces_apply_progress(p->apply);
-    ces_arena_t *arena = ces_arena_new_sized(rec->len * 2 + 512);
+    ces_arena_t *arena = p->spare != NULL ? p->spare : ces_arena_new_sized(rec->len * 2 + 512);
+    p->spare = NULL;
     if (arena == NULL) {
         ces_consumer_release(rec->handle);
         snprintf(errstr, errstr_size, "out of memory");
@@ -397,7 +402,8 @@ ces_pipeline_status_t ces_pipeline_add(ces_pipeline_t *p, const ces_record_t *re
                 ces_arena_destroy(compact);
                 goto nomem;
             }
-            ces_arena_destroy(arena);
+            ces_arena_reset(arena);
+            p->spare = arena;
             if (add_event(p, &source, &held, held_raw, rec->len, compact, NULL, 0) != 0)
                 goto nomem_taken;
             return CES_PIPELINE_OK;
