@@ -493,9 +493,13 @@ static int run_daemon(const char *path) {
         /* A full batch goes to PostgreSQL without waiting: the next one is read meanwhile. While
          * PostgreSQL still executes the batch before it, records are read on (into the batch and
          * then held, both bounded) rather than waiting for it. */
-        if (ces_pipeline_due(pipeline, now) && ces_pipeline_ready(pipeline) &&
-            (pst = ces_pipeline_send(pipeline, err, sizeof(err))) != CES_PIPELINE_OK)
-            break;
+        if (ces_pipeline_due(pipeline, now) && ces_pipeline_ready(pipeline)) {
+            /* The send may wait for the batch in flight: /metrics shows what was read before. */
+            if (ces_pipeline_flying(pipeline))
+                publish_metrics(&d, pipeline, consumer);
+            if ((pst = ces_pipeline_send(pipeline, err, sizeof(err))) != CES_PIPELINE_OK)
+                break;
+        }
         ces_record_t rec;
         ces_poll_status_t ps = ces_consumer_poll(
             consumer, ces_pipeline_wait_ms(pipeline, now, poll_ms), &rec, err, sizeof(err));

@@ -271,7 +271,8 @@ int ces_order_set_in_flight(ces_order_t *o, const ces_batch_t *batch) {
         if (batch->items[i].kind == CES_ITEM_EVENT)
             o->flight[o->nflight++] = batch->items[i].event.position;
     }
-    qsort(o->flight, o->nflight, sizeof(ces_position_t), by_position);
+    if (o->nflight > 1) /* a batch of positions only has no events (and may have no array) */
+        qsort(o->flight, o->nflight, sizeof(ces_position_t), by_position);
     return 0;
 }
 

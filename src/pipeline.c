@@ -802,7 +802,15 @@ ces_pipeline_status_t ces_pipeline_complete(ces_pipeline_t *p, char *errstr, siz
 
 bool ces_pipeline_flying(const ces_pipeline_t *p) { return p->flying; }
 
-bool ces_pipeline_ready(ces_pipeline_t *p) { return !p->flying || ces_apply_ready(p->apply); }
+bool ces_pipeline_ready(ces_pipeline_t *p) {
+    if (!p->flying)
+        return true;
+    /* Memory stays bounded: a batch that has grown to twice its limits (in partition mode events
+     * go straight into it) waits for PostgreSQL rather than grow on. */
+    if (exceeds_batch(p, p->batch.count / 2, p->batch.bytes / 2))
+        return true;
+    return ces_apply_ready(p->apply);
+}
 
 /* Sends the batch (with the positions it covers) to PostgreSQL; with async, returns while
  * PostgreSQL executes it, to be completed by the next flush or ces_pipeline_complete. */

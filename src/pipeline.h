@@ -127,7 +127,9 @@ ces_pipeline_status_t ces_pipeline_complete(ces_pipeline_t *pipeline, char *errs
                                             size_t errstr_size);
 bool ces_pipeline_flying(const ces_pipeline_t *pipeline);
 /* True unless a batch is in flight that PostgreSQL is still executing: then a send, flush or
- * ces_pipeline_complete would wait, and the caller had better go on reading records. */
+ * ces_pipeline_complete would wait, and the caller had better go on reading records. Also true
+ * once the batch being read has grown to twice its limits (apply.batch_max_events or
+ * batch_max_bytes): then waiting for PostgreSQL is what keeps memory bounded. */
 bool ces_pipeline_ready(ces_pipeline_t *pipeline);
 
 /* Consumer callbacks (ces_consumer_callbacks_t); opaque is the pipeline. */

@@ -7,6 +7,7 @@ each test controls exactly which values and names reach ces2pg.
 import json
 import re
 import threading
+import time
 
 import psycopg2
 import pytest
@@ -383,6 +384,47 @@ def test_records_are_read_while_postgresql_executes_a_batch(tmp_path, db, broker
     wait_applied(db, GROUP, {0: 22}, daemons=[daemon])
     assert text_query(db, "SELECT v FROM dbo.locked") == [(2,)]
     assert db.scalar("SELECT count(*) FROM dbo.behind") == 20
+    assert daemon.terminate() == 0
+
+
+def test_a_batch_waiting_for_postgresql_bounds_what_is_read(tmp_path, db, broker, ces2pg):
+    """In partition mode events go straight into the batch being read: while the batch before
+    waits for PostgreSQL, that batch grows to twice apply.batch_max_events and no further."""
+    cols = [("Id", "int"), ("V", "int")]
+    b = broker(partitions=1)
+    port = free_port()
+    daemon = ces2pg(db, b, group=GROUP, http_listen=f"127.0.0.1:{port}", batch_max_events=10,
+                    apply_extra=('ordering = "partition";',))
+    b.produce("ces", [ces_record("Locked", cols, "INS", {"Id": "1", "V": "1"}, pk=["Id"])],
+              partition=0)
+    wait_applied(db, GROUP, {0: 1}, daemons=[daemon])
+    consumed = lambda: metric(scrape(port), "ces2pg_records_consumed_total")
+    waiting = lambda: db.scalar("SELECT count(*) FROM pg_stat_activity "
+                                "WHERE wait_event_type = 'Lock'")
+    blocker = db.connect()
+    blocker.autocommit = False
+    blocker.cursor().execute("SELECT * FROM dbo.locked WHERE id = 1 FOR UPDATE")
+    try:
+        b.produce("ces", [ces_record("Locked", cols, "UPD", {"Id": "1", "V": "2"},
+                                     old={"Id": "1", "V": "1"}, pk=["Id"])], partition=0)
+        wait_until(lambda: waiting() == 1, 30, message="ces2pg's batch waits for the row lock")
+        behind = [ces_record("Behind", cols, "INS", {"Id": str(i), "V": str(i)}, pk=["Id"])
+                  for i in range(100)]
+        b.produce("ces", behind, partition=0)
+        # Reading goes on past one batch...
+        wait_until(lambda: consumed() >= 2 + 10, 30, message="a batch's worth read meanwhile")
+        # ...and stops at two. (Unbounded, all 100 are read within milliseconds.)
+        deadline = time.monotonic() + 1.5
+        while time.monotonic() < deadline:
+            assert consumed() <= 2 + 20
+            time.sleep(0.1)
+        assert waiting() == 1, "the batch still waits"
+    finally:
+        blocker.rollback()
+        blocker.close()
+    wait_applied(db, GROUP, {0: 102}, daemons=[daemon])
+    assert text_query(db, "SELECT v FROM dbo.locked") == [(2,)]
+    assert db.scalar("SELECT count(*) FROM dbo.behind") == 100
     assert daemon.terminate() == 0
 
 

@@ -168,6 +168,9 @@ static void in_flight_positions_are_duplicates(void **state) {
     (void)state;
     ces_order_t *o = ces_order_new(16);
     ces_batch_t batch = {0};
+    /* A batch of positions only (no events, no array yet) may fly too. */
+    assert_int_equal(ces_order_set_in_flight(o, &batch), 0);
+    ces_order_clear_in_flight(o);
     ces_item_t a = item(5, 1, 1, 0, 1), b = item(5, 1, 2, 0, 2), c = item(4, 9, 7, 1, 1);
     assert_int_equal(ces_order_add(o, &a), CES_ORDER_HELD);
     assert_int_equal(ces_order_add(o, &b), CES_ORDER_HELD);
