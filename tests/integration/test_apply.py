@@ -4,6 +4,7 @@ Records are built here by hand, as CES writes them (the shape of the documented 
 each test controls exactly which values and names reach ces2pg.
 """
 
+import contextlib
 import json
 import re
 import threading
@@ -351,36 +352,51 @@ def test_postgres_restart_mid_stream(tmp_path, pg, db, broker, ces2pg):
     assert daemon.terminate() == 0
 
 
-def test_records_are_read_while_postgresql_executes_a_batch(tmp_path, db, broker, ces2pg):
-    """A batch that PostgreSQL takes long to execute (here it waits for a row lock) does not stop
-    ces2pg from reading on: the records behind it are consumed meanwhile, and applied after it."""
-    cols = [("Id", "int"), ("V", "int")]
-    b = broker(partitions=1)
-    port = free_port()
-    daemon = ces2pg(db, b, group=GROUP, http_listen=f"127.0.0.1:{port}")
-    b.produce("ces", [ces_record("Locked", cols, "INS", {"Id": "1", "V": "1"}, pk=["Id"])],
+LOCK_COLS = [("Id", "int"), ("V", "int")]
+
+
+def lock_waiters(db):
+    return db.scalar("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'")
+
+
+@contextlib.contextmanager
+def batch_waiting_on_a_lock(db, b, daemon):
+    """Applies a row of dbo.locked, locks it and sends an update of it: yields while ces2pg's
+    batch waits for the lock (two records consumed), and releases the lock on exit."""
+    b.produce("ces", [ces_record("Locked", LOCK_COLS, "INS", {"Id": "1", "V": "1"}, pk=["Id"])],
               partition=0)
     wait_applied(db, GROUP, {0: 1}, daemons=[daemon])
-    consumed = lambda: metric(scrape(port), "ces2pg_records_consumed_total")
     blocker = db.connect()
     blocker.autocommit = False
     blocker.cursor().execute("SELECT * FROM dbo.locked WHERE id = 1 FOR UPDATE")
     try:
-        b.produce("ces", [ces_record("Locked", cols, "UPD", {"Id": "1", "V": "2"},
+        b.produce("ces", [ces_record("Locked", LOCK_COLS, "UPD", {"Id": "1", "V": "2"},
                                      old={"Id": "1", "V": "1"}, pk=["Id"])], partition=0)
-        wait_until(lambda: db.scalar("SELECT count(*) FROM pg_stat_activity "
-                                     "WHERE wait_event_type = 'Lock'") == 1, 30,
+        wait_until(lambda: lock_waiters(db) == 1, 30,
                    message="ces2pg's batch waits for the row lock")
-        behind = [ces_record("Behind", cols, "INS", {"Id": str(i), "V": str(i)}, pk=["Id"])
-                  for i in range(20)]
-        b.produce("ces", behind, partition=0)
-        wait_until(lambda: consumed() == 22, 30,
-                   message="the records behind the waiting batch are consumed")
-        assert db.scalar("SELECT count(*) FROM pg_stat_activity "
-                         "WHERE wait_event_type = 'Lock'") == 1, "the batch still waits"
+        yield
+        assert lock_waiters(db) == 1, "the batch still waits"
     finally:
         blocker.rollback()
         blocker.close()
+
+
+def inserts_behind(n):
+    return [ces_record("Behind", LOCK_COLS, "INS", {"Id": str(i), "V": str(i)}, pk=["Id"])
+            for i in range(n)]
+
+
+def test_records_are_read_while_postgresql_executes_a_batch(tmp_path, db, broker, ces2pg):
+    """A batch that PostgreSQL takes long to execute (here it waits for a row lock) does not stop
+    ces2pg from reading on: the records behind it are consumed meanwhile, and applied after it."""
+    b = broker(partitions=1)
+    port = free_port()
+    daemon = ces2pg(db, b, group=GROUP, http_listen=f"127.0.0.1:{port}")
+    consumed = lambda: metric(scrape(port), "ces2pg_records_consumed_total")
+    with batch_waiting_on_a_lock(db, b, daemon):
+        b.produce("ces", inserts_behind(20), partition=0)
+        wait_until(lambda: consumed() == 22, 30,
+                   message="the records behind the waiting batch are consumed")
     wait_applied(db, GROUP, {0: 22}, daemons=[daemon])
     assert text_query(db, "SELECT v FROM dbo.locked") == [(2,)]
     assert db.scalar("SELECT count(*) FROM dbo.behind") == 20
@@ -390,27 +406,13 @@ def test_records_are_read_while_postgresql_executes_a_batch(tmp_path, db, broker
 def test_a_batch_waiting_for_postgresql_bounds_what_is_read(tmp_path, db, broker, ces2pg):
     """In partition mode events go straight into the batch being read: while the batch before
     waits for PostgreSQL, that batch grows to twice apply.batch_max_events and no further."""
-    cols = [("Id", "int"), ("V", "int")]
     b = broker(partitions=1)
     port = free_port()
     daemon = ces2pg(db, b, group=GROUP, http_listen=f"127.0.0.1:{port}", batch_max_events=10,
                     apply_extra=('ordering = "partition";',))
-    b.produce("ces", [ces_record("Locked", cols, "INS", {"Id": "1", "V": "1"}, pk=["Id"])],
-              partition=0)
-    wait_applied(db, GROUP, {0: 1}, daemons=[daemon])
     consumed = lambda: metric(scrape(port), "ces2pg_records_consumed_total")
-    waiting = lambda: db.scalar("SELECT count(*) FROM pg_stat_activity "
-                                "WHERE wait_event_type = 'Lock'")
-    blocker = db.connect()
-    blocker.autocommit = False
-    blocker.cursor().execute("SELECT * FROM dbo.locked WHERE id = 1 FOR UPDATE")
-    try:
-        b.produce("ces", [ces_record("Locked", cols, "UPD", {"Id": "1", "V": "2"},
-                                     old={"Id": "1", "V": "1"}, pk=["Id"])], partition=0)
-        wait_until(lambda: waiting() == 1, 30, message="ces2pg's batch waits for the row lock")
-        behind = [ces_record("Behind", cols, "INS", {"Id": str(i), "V": str(i)}, pk=["Id"])
-                  for i in range(100)]
-        b.produce("ces", behind, partition=0)
+    with batch_waiting_on_a_lock(db, b, daemon):
+        b.produce("ces", inserts_behind(100), partition=0)
         # Reading goes on past one batch...
         wait_until(lambda: consumed() >= 2 + 10, 30, message="a batch's worth read meanwhile")
         # ...and stops at two. (Unbounded, all 100 are read within milliseconds.)
@@ -418,10 +420,6 @@ def test_a_batch_waiting_for_postgresql_bounds_what_is_read(tmp_path, db, broker
         while time.monotonic() < deadline:
             assert consumed() <= 2 + 20
             time.sleep(0.1)
-        assert waiting() == 1, "the batch still waits"
-    finally:
-        blocker.rollback()
-        blocker.close()
     wait_applied(db, GROUP, {0: 102}, daemons=[daemon])
     assert text_query(db, "SELECT v FROM dbo.locked") == [(2,)]
     assert db.scalar("SELECT count(*) FROM dbo.behind") == 100
