@@ -471,12 +471,16 @@ static int setup_metadata(ces_apply_t *a, attempt_error_t *e) {
     free(a->sql_offsets);
     free(a->sql_dead_letter);
     sb_t off = {0}, dl = {0};
-    sb_add(&off, "INSERT INTO ");
+    /* The fence: the position is stored only over the one this instance read ($5; NULL: none).
+     * If another instance moved it, nothing is stored and the division by zero (SQLSTATE 22012,
+     * recognised in drain_some) aborts the transaction before the COMMIT that follows it in the
+     * same pipeline. */
+    sb_add(&off, "WITH stored AS (INSERT INTO ");
     sb_add(&off, schema);
     sb_add(&off, ".offsets AS o (group_id, topic, partition, next_offset) VALUES ($1, $2, $3, $4)"
                  " ON CONFLICT (group_id, topic, partition) DO UPDATE"
                  " SET next_offset = EXCLUDED.next_offset, updated_at = now()"
-                 " WHERE o.next_offset = $5");
+                 " WHERE o.next_offset = $5 RETURNING 1) SELECT 1 / count(*)::int FROM stored");
     sb_add(&dl, "INSERT INTO ");
     sb_add(&dl, schema);
     sb_add(&dl, ".dead_letters (topic, partition, \"offset\", reason, logicalid, payload)"
@@ -1183,7 +1187,8 @@ typedef enum {
     PEND_ROW,
     PEND_BULK,
     PEND_DEAD_LETTER,
-    PEND_OFFSET
+    PEND_OFFSET,
+    PEND_COMMIT
 } pend_kind_t;
 
 typedef struct {
@@ -1241,6 +1246,8 @@ typedef struct {
     size_t capacity;
     attempt_error_t *e;
     bool fenced;
+    bool commit_sent; /* the pipeline ends with COMMIT (a whole transaction) */
+    bool committed;   /* and PostgreSQL answered that it committed */
     bool nonblocking; /* sending without waiting for the socket (ces_apply_send) */
     /* An incremental drain (drain_some without waiting): results read, whether the NULL after
      * the last one is still due, and, once it reached the Sync (drain_done), its outcome. */
@@ -1299,6 +1306,12 @@ static int send_sync(sender_t *s) {
     return 0;
 }
 
+/* The fence's division by zero (see setup_metadata). */
+static bool fence_raised(const PGresult *r) {
+    const char *state = PQresultErrorField(r, PG_DIAG_SQLSTATE);
+    return state != NULL && strcmp(state, "22012") == 0;
+}
+
 /* Forgets where an incremental drain stopped (the pending results are dropped or read anew). */
 static void drain_reset(sender_t *s) {
     s->drained = 0;
@@ -1339,6 +1352,15 @@ static int drain_some(sender_t *s, bool wait) {
         if (st == PGRES_COMMAND_OK || st == PGRES_TUPLES_OK) {
             if (p->kind == PEND_OFFSET && strcmp(PQcmdTuples(r), "1") != 0)
                 s->fenced = true;
+            if (p->kind == PEND_COMMIT) {
+                if (strcmp(PQcmdStatus(r), "COMMIT") == 0)
+                    s->committed = true;
+                else
+                    set_error(s->e, ERR_RETRY, -1, NULL, "PostgreSQL rolled the batch back (%s)",
+                              PQcmdStatus(r));
+            }
+        } else if (p->kind == PEND_OFFSET && fence_raised(r)) {
+            s->fenced = true; /* and the rest of the pipeline, COMMIT included, is skipped */
         } else if (st != PGRES_PIPELINE_ABORTED) {
             long item = (p->kind == PEND_ROW || p->kind == PEND_PREPARE) ? p->item : -1;
             bool first = s->e->cls == ERR_NONE;
@@ -2283,8 +2305,17 @@ static int attempt_send(ces_apply_t *a, ces_batch_t *batch, step_t step, sender_
         if (maybe_sync(s) != 0 || e->cls != ERR_NONE)
             return -1;
     }
-    if (bulk_send_all(s) != 0 || (step != STEP_CHUNK && send_offsets(s) != 0) ||
-        send_sync(s) != 0 || e->cls != ERR_NONE)
+    if (bulk_send_all(s) != 0 || (step != STEP_CHUNK && send_offsets(s) != 0))
+        return -1;
+    /* A whole transaction commits in the same pipeline: the fence aborts it before COMMIT, and
+     * ces2pg need not wait for one more round trip. */
+    if (step == STEP_WHOLE) {
+        if (sent(s, PQsendQueryParams(a->conn, "COMMIT", 0, NULL, NULL, NULL, NULL, 0),
+                 PEND_COMMIT, -1, NULL) != 0)
+            return -1;
+        s->commit_sent = true;
+    }
+    if (send_sync(s) != 0 || e->cls != ERR_NONE)
         return -1;
     return 0;
 }
@@ -2317,15 +2348,24 @@ static int leave_nonblocking(sender_t *s) {
  * Returns 0, or -1 with s->e set (then the attempt must be abandoned). */
 static int attempt_finish(ces_apply_t *a, step_t step, sender_t *s) {
     attempt_error_t *e = s->e;
-    if (leave_nonblocking(s) != 0 || drain(s) != 0 || e->cls != ERR_NONE)
+    if (leave_nonblocking(s) != 0 || drain(s) != 0 || e->cls != ERR_NONE) {
+        /* The connection broke with COMMIT sent: it may have committed (apply_step asks). */
+        if (s->commit_sent && PQstatus(a->conn) != CONNECTION_OK)
+            e->in_commit = true;
         return -1;
+    }
     if (s->fenced) {
         set_error(e, ERR_FENCED, -1, NULL,
                   "the stored consumer position moved: another instance took over a partition");
         return -1;
     }
-    if (send_simple(s, step == STEP_CHUNK ? "RELEASE SAVEPOINT ces_step" : "COMMIT") != 0 ||
-        sync_and_drain(s) != 0 || e->cls != ERR_NONE) {
+    if (step == STEP_WHOLE) {
+        if (!s->committed) {
+            set_error(e, ERR_RETRY, -1, NULL, "PostgreSQL did not answer the COMMIT");
+            return -1;
+        }
+    } else if (send_simple(s, step == STEP_CHUNK ? "RELEASE SAVEPOINT ces_step" : "COMMIT") != 0 ||
+               sync_and_drain(s) != 0 || e->cls != ERR_NONE) {
         e->in_commit = step != STEP_CHUNK;
         return -1;
     }

@@ -7,6 +7,7 @@ each test controls exactly which values and names reach ces2pg.
 import contextlib
 import json
 import re
+import socket
 import threading
 import time
 
@@ -424,6 +425,116 @@ def test_a_batch_waiting_for_postgresql_bounds_what_is_read(tmp_path, db, broker
     assert text_query(db, "SELECT v FROM dbo.locked") == [(2,)]
     assert db.scalar("SELECT count(*) FROM dbo.behind") == 100
     assert daemon.terminate() == 0
+
+
+def test_a_position_moved_by_another_instance_fences_the_batch(tmp_path, db, broker, ces2pg):
+    """The fence: a batch commits only over the stored position its instance read. Here another
+    instance (the test) moves it from 5 to 8: ces2pg's next batch (offsets 5-9) must roll back
+    whole, and ces2pg goes on from 8, leaving 5-7 to the other instance."""
+    cols = [("Id", "int"), ("V", "int")]
+    rows = lambda ids: [ces_record("Fenced", cols, "INS", {"Id": str(i), "V": str(i)}, pk=["Id"])
+                        for i in ids]
+    b = broker(partitions=1)
+    daemon = ces2pg(db, b, group=GROUP)
+    b.produce("ces", rows(range(0, 5)), partition=0)
+    wait_applied(db, GROUP, {0: 5}, daemons=[daemon])
+    db.query("UPDATE ces2pg.offsets SET next_offset = 8 WHERE group_id = %s", (GROUP,))
+    b.produce("ces", rows(range(5, 10)), partition=0)
+    daemon.wait_log(r"another instance took over a partition: going back to the positions "
+                    r"stored in PostgreSQL")
+    wait_applied(db, GROUP, {0: 10}, daemons=[daemon])
+    ids = [r[0] for r in text_query(db, "SELECT id FROM dbo.fenced ORDER BY id")]
+    assert ids == [0, 1, 2, 3, 4, 8, 9]
+    assert daemon.terminate() == 0
+
+
+class CommitCutter:
+    """A TCP proxy in front of PostgreSQL that, once armed, lets the next COMMIT through and
+    PostgreSQL's answer to it not: it cuts the connection as soon as that answer arrives, so the
+    transaction is committed and the client cannot know it."""
+
+    COMMIT = b"COMMIT\x00"
+    COMMITTED = b"C\x00\x00\x00\x0bCOMMIT\x00"  # CommandComplete "COMMIT"
+
+    def __init__(self, server):
+        self.target = (server.host, server.port)
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.armed = False
+        self.cuts = 0
+        self.lock = threading.Lock()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            upstream = socket.create_connection(self.target)
+            state = {"commit_sent": False}
+            threading.Thread(target=self._pump, args=(client, upstream, state, True),
+                             daemon=True).start()
+            threading.Thread(target=self._pump, args=(upstream, client, state, False),
+                             daemon=True).start()
+
+    def _pump(self, src, dst, state, to_server):
+        tail = b""
+        try:
+            while True:
+                data = src.recv(65536)
+                if not data:
+                    break
+                seen = tail + data
+                tail = seen[-16:]
+                with self.lock:
+                    if to_server and self.armed and self.COMMIT in seen:
+                        state["commit_sent"] = True
+                    if not to_server and state["commit_sent"] and self.COMMITTED in seen:
+                        self.armed = False
+                        state["commit_sent"] = False
+                        self.cuts += 1
+                        break  # committed; the client never hears of it
+                dst.sendall(data)
+        except OSError:
+            pass
+        for sock in (src, dst):
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            sock.close()
+
+    def close(self):
+        self.listener.close()
+
+
+def test_a_commit_whose_answer_is_lost_is_not_applied_twice(tmp_path, db, broker, ces2pg):
+    """The connection breaks after PostgreSQL committed a batch and before ces2pg heard so. ces2pg
+    must find out from the stored position that it committed, and not apply it again: its dead
+    letter stays one."""
+    cols = [("Id", "int"), ("V", "int")]
+    rows = lambda ids: [ces_record("Cut", cols, "INS", {"Id": str(i), "V": str(i)}, pk=["Id"])
+                        for i in ids]
+    cutter = CommitCutter(db.server)
+    try:
+        b = broker(partitions=1)
+        conninfo = f"host=127.0.0.1 port={cutter.port} dbname={db.name} " \
+                   f"user={db.server.user} sslmode=disable"
+        daemon = ces2pg(db, b, group=GROUP, conninfo=conninfo)
+        b.produce("ces", rows(range(0, 3)), partition=0)
+        wait_applied(db, GROUP, {0: 3}, daemons=[daemon])
+        cutter.armed = True
+        b.produce("ces", rows(range(3, 6)) + [b"not a CloudEvent"], partition=0)
+        daemon.wait_log(r"the batch had been committed before the connection was lost")
+        wait_applied(db, GROUP, {0: 7}, daemons=[daemon])
+        assert cutter.cuts == 1
+        assert [r[0] for r in text_query(db, "SELECT id FROM dbo.cut ORDER BY id")] == \
+            list(range(6))
+        assert len(dead_letters(db)) == 1
+        assert daemon.terminate() == 0
+    finally:
+        cutter.close()
 
 
 def sum_offsets(db):
