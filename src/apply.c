@@ -1246,8 +1246,6 @@ typedef struct {
     size_t capacity;
     attempt_error_t *e;
     bool fenced;
-    bool commit_sent; /* the pipeline ends with COMMIT (a whole transaction) */
-    bool committed;   /* and PostgreSQL answered that it committed */
     bool nonblocking; /* sending without waiting for the socket (ces_apply_send) */
     /* An incremental drain (drain_some without waiting): results read, whether the NULL after
      * the last one is still due, and, once it reached the Sync (drain_done), its outcome. */
@@ -1350,15 +1348,11 @@ static int drain_some(sender_t *s, bool wait) {
         if (p->kind == PEND_PREPARE && st != PGRES_COMMAND_OK)
             p->stmt->prepared = false; /* aborted or failed: Parse it again next time */
         if (st == PGRES_COMMAND_OK || st == PGRES_TUPLES_OK) {
-            if (p->kind == PEND_OFFSET && strcmp(PQcmdTuples(r), "1") != 0)
-                s->fenced = true;
-            if (p->kind == PEND_COMMIT) {
-                if (strcmp(PQcmdStatus(r), "COMMIT") == 0)
-                    s->committed = true;
-                else
-                    set_error(s->e, ERR_RETRY, -1, NULL, "PostgreSQL rolled the batch back (%s)",
-                              PQcmdStatus(r));
-            }
+            /* A COMMIT answered ROLLBACK undid the batch (it cannot happen inside a pipeline,
+             * which skips everything after an error, but nothing else would notice). */
+            if (p->kind == PEND_COMMIT && strcmp(PQcmdStatus(r), "COMMIT") != 0)
+                set_error(s->e, ERR_RETRY, -1, NULL, "PostgreSQL rolled the batch back (%s)",
+                          PQcmdStatus(r));
         } else if (p->kind == PEND_OFFSET && fence_raised(r)) {
             s->fenced = true; /* and the rest of the pipeline, COMMIT included, is skipped */
         } else if (st != PGRES_PIPELINE_ABORTED) {
@@ -2309,12 +2303,10 @@ static int attempt_send(ces_apply_t *a, ces_batch_t *batch, step_t step, sender_
         return -1;
     /* A whole transaction commits in the same pipeline: the fence aborts it before COMMIT, and
      * ces2pg need not wait for one more round trip. */
-    if (step == STEP_WHOLE) {
-        if (sent(s, PQsendQueryParams(a->conn, "COMMIT", 0, NULL, NULL, NULL, NULL, 0),
-                 PEND_COMMIT, -1, NULL) != 0)
-            return -1;
-        s->commit_sent = true;
-    }
+    if (step == STEP_WHOLE &&
+        sent(s, PQsendQueryParams(a->conn, "COMMIT", 0, NULL, NULL, NULL, NULL, 0), PEND_COMMIT,
+             -1, NULL) != 0)
+        return -1;
     if (send_sync(s) != 0 || e->cls != ERR_NONE)
         return -1;
     return 0;
@@ -2349,8 +2341,9 @@ static int leave_nonblocking(sender_t *s) {
 static int attempt_finish(ces_apply_t *a, step_t step, sender_t *s) {
     attempt_error_t *e = s->e;
     if (leave_nonblocking(s) != 0 || drain(s) != 0 || e->cls != ERR_NONE) {
-        /* The connection broke with COMMIT sent: it may have committed (apply_step asks). */
-        if (s->commit_sent && PQstatus(a->conn) != CONNECTION_OK)
+        /* The connection broke with COMMIT sent (attempt_send got that far, or finish would not
+         * be called): it may have committed, and apply_step asks. */
+        if (step == STEP_WHOLE && PQstatus(a->conn) != CONNECTION_OK)
             e->in_commit = true;
         return -1;
     }
@@ -2359,13 +2352,10 @@ static int attempt_finish(ces_apply_t *a, step_t step, sender_t *s) {
                   "the stored consumer position moved: another instance took over a partition");
         return -1;
     }
-    if (step == STEP_WHOLE) {
-        if (!s->committed) {
-            set_error(e, ERR_RETRY, -1, NULL, "PostgreSQL did not answer the COMMIT");
-            return -1;
-        }
-    } else if (send_simple(s, step == STEP_CHUNK ? "RELEASE SAVEPOINT ces_step" : "COMMIT") != 0 ||
-               sync_and_drain(s) != 0 || e->cls != ERR_NONE) {
+    /* A whole transaction's COMMIT was in the pipeline, and every result was fine. */
+    if (step != STEP_WHOLE &&
+        (send_simple(s, step == STEP_CHUNK ? "RELEASE SAVEPOINT ces_step" : "COMMIT") != 0 ||
+         sync_and_drain(s) != 0 || e->cls != ERR_NONE)) {
         e->in_commit = step != STEP_CHUNK;
         return -1;
     }

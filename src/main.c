@@ -515,15 +515,15 @@ static int run_daemon(const char *path) {
         }
         if (ps == CES_POLL_EOF)
             ces_pipeline_partition_eof(pipeline, rec.topic, rec.partition, rec.offset);
-        bool flight_done = ces_pipeline_ready(pipeline);
+        bool proceed = ces_pipeline_ready(pipeline);
         if (ces_pipeline_pending(pipeline) && ces_pipeline_settled(pipeline, ces_now_ms())) {
             /* Nothing more arrived right now: apply what we have instead of waiting (once the
              * batch before it is done; it is completed when the next pause comes). */
-            if (flight_done &&
+            if (proceed &&
                 (pst = ces_pipeline_send(pipeline, err, sizeof(err))) != CES_PIPELINE_OK)
                 break;
         } else if (ces_pipeline_flying(pipeline)) {
-            if (flight_done &&
+            if (proceed &&
                 (pst = ces_pipeline_complete(pipeline, err, sizeof(err))) != CES_PIPELINE_OK)
                 break;
         } else if (ps == CES_POLL_IDLE && now - last_pg_check >= PG_CHECK_MS) {
