@@ -1062,13 +1062,15 @@ static table_t *table_new(ces_apply_t *a, const ces_event_t *ev) {
  */
 static table_t *ensure_table(ces_apply_t *a, const ces_event_t *ev, const char **reject,
                              attempt_error_t *e) {
+    /* Names are at most 512 bytes (decode.c), so the key is never cut. */
     char key[3 * 520];
-    int klen = snprintf(key, sizeof(key), "%s\x1f%s\x1f%s", ev->db, ev->schema, ev->table);
-    table_t *t = ces_map_get(a->tables, key, (size_t)klen);
+    const char *parts[] = {ev->db, ev->schema, ev->table};
+    size_t klen = ces_map_key(key, sizeof(key), '\x1f', parts, 3);
+    table_t *t = ces_map_get(a->tables, key, klen);
     bool fresh = false;
     if (t == NULL) {
         t = table_new(a, ev);
-        if (t == NULL || ces_map_put(a->tables, key, (size_t)klen, t) != 0) {
+        if (t == NULL || ces_map_put(a->tables, key, klen, t) != 0) {
             table_free(t, NULL);
             set_error(e, ERR_FATAL, -1, NULL, "out of memory");
             return NULL;

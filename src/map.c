@@ -142,3 +142,21 @@ void ces_map_each(ces_map_t *map, void (*fn)(void *value, void *arg), void *arg)
             fn(map->slots[i].value, arg);
     }
 }
+
+size_t ces_map_key(char *buf, size_t size, char sep, const char *const *parts, size_t n) {
+    if (size == 0)
+        return 0;
+    size_t used = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (i > 0 && used < size - 1)
+            buf[used++] = sep;
+        const char *part = parts[i] != NULL ? parts[i] : "";
+        size_t len = strlen(part);
+        if (len > size - 1 - used)
+            len = size - 1 - used;
+        memcpy(buf + used, part, len);
+        used += len;
+    }
+    buf[used] = '\0';
+    return used;
+}

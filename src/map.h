@@ -28,4 +28,9 @@ void ces_map_each(ces_map_t *map, void (*fn)(void *value, void *arg), void *arg)
 /* Removes every entry (fn, if given, is called on each value first). */
 void ces_map_clear(ces_map_t *map, void (*fn)(void *value, void *arg), void *arg);
 
+/* Writes parts[0..n) (NULL counts as "") joined by sep into buf, NUL-terminated, and returns the
+ * key's length; a key that does not fit is cut at size - 1 bytes. Keys are built for every event,
+ * and snprintf's "%s" machinery was a visible part of applying one. */
+size_t ces_map_key(char *buf, size_t size, char sep, const char *const *parts, size_t n);
+
 #endif

@@ -181,9 +181,8 @@ int ces_metrics_parse_time(const char *text, double *seconds) {
 
 static table_counts_t *table_for(ces_metrics_t *m, const ces_event_t *ev) {
     char name[512];
-    int n = snprintf(name, sizeof(name), "%s.%s", ev->schema ? ev->schema : "",
-                     ev->table ? ev->table : "");
-    size_t len = n < 0 ? 0 : (size_t)n >= sizeof(name) ? sizeof(name) - 1 : (size_t)n;
+    const char *parts[] = {ev->schema, ev->table};
+    size_t len = ces_map_key(name, sizeof(name), '.', parts, 2);
     table_counts_t *t = ces_map_get(m->by_name, name, len);
     if (t != NULL)
         return t;

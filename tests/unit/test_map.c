@@ -51,8 +51,29 @@ static void remove_keeps_others_findable(void **state) {
     ces_map_destroy(m);
 }
 
+static void key_joins_parts_and_is_cut_to_fit(void **state) {
+    (void)state;
+    char buf[16];
+    const char *three[] = {"db", NULL, "Employees"};
+    assert_int_equal(ces_map_key(buf, sizeof(buf), '.', three, 3), 13);
+    assert_string_equal(buf, "db..Employees");
+    const char *two[] = {"dbo", "Orders"};
+    assert_int_equal(ces_map_key(buf, sizeof(buf), '\x1f', two, 2), 10);
+    assert_memory_equal(buf, "dbo\x1fOrders", 11);
+    /* Cut at size - 1 bytes, NUL-terminated, never past the buffer. */
+    const char *wide[] = {"0123456789", "abcdefghij"};
+    assert_int_equal(ces_map_key(buf, sizeof(buf), '|', wide, 2), 15);
+    assert_string_equal(buf, "0123456789|abcd");
+    const char *long_first[] = {"0123456789abcdefXYZ", "tail"};
+    assert_int_equal(ces_map_key(buf, sizeof(buf), '|', long_first, 2), 15);
+    assert_string_equal(buf, "0123456789abcde");
+    assert_int_equal(ces_map_key(buf, sizeof(buf), '|', wide, 0), 0);
+    assert_string_equal(buf, "");
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {cmocka_unit_test(put_get_grow),
-                                       cmocka_unit_test(remove_keeps_others_findable)};
+                                       cmocka_unit_test(remove_keeps_others_findable),
+                                       cmocka_unit_test(key_joins_parts_and_is_cut_to_fit)};
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
