@@ -341,7 +341,7 @@ static ces_decode_status_t take_value(ces_decoder_t *decoder, const char *where,
 
 /* old/current: a JSON object serialized into a string (or, tolerated, inline). */
 static ces_decode_status_t decode_image(ces_decoder_t *decoder, ces_arena_t *arena,
-                                        const ces_json_t *row, const char *name,
+                                        const ces_json_t *row, const char *name, bool in_place,
                                         ces_field_t **fields, size_t *count, char *errstr,
                                         size_t errstr_size) {
     *fields = NULL;
@@ -352,8 +352,13 @@ static ces_decode_status_t decode_image(ces_decoder_t *decoder, ces_arena_t *are
     const ces_json_t *obj = v;
     if (v->type == CES_JSON_STRING) {
         char jerr[256];
-        obj = ces_json_parse(decoder->parser, arena, v->text, v->text_len, &decoder->inner_limits,
-                             jerr, sizeof(jerr));
+        /* Given up with the data, the image's text (the tree's, in arena memory, and read only
+         * here) is parsed in place: its names and values are not copied again. */
+        obj = in_place ? ces_json_parse_in_place(decoder->parser, arena, (char *)v->text,
+                                                 v->text_len, &decoder->inner_limits, jerr,
+                                                 sizeof(jerr))
+                       : ces_json_parse(decoder->parser, arena, v->text, v->text_len,
+                                        &decoder->inner_limits, jerr, sizeof(jerr));
         if (obj == NULL) {
             if (strcmp(jerr, "out of memory") == 0)
                 return CES_DECODE_NOMEM;
@@ -506,9 +511,28 @@ static ces_decode_status_t decode_position(const ces_json_t *source, const ces_e
     return CES_DECODE_OK;
 }
 
+static ces_decode_status_t decode_event(ces_decoder_t *decoder, ces_arena_t *arena,
+                                        const ces_envelope_t *envelope, const char *data,
+                                        size_t len, bool in_place, ces_event_t *event,
+                                        char *errstr, size_t errstr_size);
+
 ces_decode_status_t ces_decode_event(ces_decoder_t *decoder, ces_arena_t *arena,
                                      const ces_envelope_t *envelope, const char *data, size_t len,
                                      ces_event_t *event, char *errstr, size_t errstr_size) {
+    return decode_event(decoder, arena, envelope, data, len, false, event, errstr, errstr_size);
+}
+
+ces_decode_status_t ces_decode_event_in_place(ces_decoder_t *decoder, ces_arena_t *arena,
+                                              const ces_envelope_t *envelope, char *data,
+                                              size_t len, ces_event_t *event, char *errstr,
+                                              size_t errstr_size) {
+    return decode_event(decoder, arena, envelope, data, len, true, event, errstr, errstr_size);
+}
+
+static ces_decode_status_t decode_event(ces_decoder_t *decoder, ces_arena_t *arena,
+                                        const ces_envelope_t *envelope, const char *data,
+                                        size_t len, bool in_place, ces_event_t *event,
+                                        char *errstr, size_t errstr_size) {
     memset(event, 0, sizeof(*event));
     const ces_json_t *root = envelope->data_tree;
     if (data != NULL) {
@@ -528,8 +552,10 @@ ces_decode_status_t ces_decode_event(ces_decoder_t *decoder, ces_arena_t *arena,
             char jerr[256];
             /* The envelopes' data strings were checked when they were read; joined, they are
              * still valid UTF-8. */
-            root = ces_json_parse(decoder->parser, arena, data, len, &decoder->inner_limits, jerr,
-                                  sizeof(jerr));
+            root = in_place ? ces_json_parse_in_place(decoder->parser, arena, (char *)data, len,
+                                                      &decoder->inner_limits, jerr, sizeof(jerr))
+                            : ces_json_parse(decoder->parser, arena, data, len,
+                                             &decoder->inner_limits, jerr, sizeof(jerr));
             if (root == NULL) {
                 if (strcmp(jerr, "out of memory") == 0)
                     return CES_DECODE_NOMEM;
@@ -561,9 +587,10 @@ ces_decode_status_t ces_decode_event(ces_decoder_t *decoder, ces_arena_t *arena,
     if (row == NULL || row->type != CES_JSON_OBJECT)
         REJECT("data: missing required object 'eventrow'");
     TRY(check_unique_keys(decoder, row, "eventrow", errstr, errstr_size));
-    TRY(decode_image(decoder, arena, row, "old", &event->old, &event->nold, errstr, errstr_size));
-    TRY(decode_image(decoder, arena, row, "current", &event->current, &event->ncurrent, errstr,
+    TRY(decode_image(decoder, arena, row, "old", in_place, &event->old, &event->nold, errstr,
                      errstr_size));
+    TRY(decode_image(decoder, arena, row, "current", in_place, &event->current, &event->ncurrent,
+                     errstr, errstr_size));
 
     event->op = envelope->op;
     event->id = envelope->id;
@@ -597,8 +624,8 @@ ces_decode_status_t ces_decode_dump_record(ces_decoder_t *decoder, const void *r
         fprintf(out, "segment: %s index %lld%s\n",
                 env.avro ? "avro" : env.legacy ? "legacy" : "current",
                 (long long)env.index, env.final_segment ? " final" : "");
-        st = ces_decode_event(decoder, arena, &env, env.data, env.data_len, &event, reason,
-                              sizeof(reason));
+        st = ces_decode_event_in_place(decoder, arena, &env, (char *)env.data, env.data_len,
+                                       &event, reason, sizeof(reason));
     }
     if (st == CES_DECODE_OK)
         ces_event_dump(&event, out);

@@ -84,6 +84,13 @@ ces_decode_status_t ces_decode_envelope(ces_decoder_t *decoder, ces_arena_t *are
 ces_decode_status_t ces_decode_event(ces_decoder_t *decoder, ces_arena_t *arena,
                                      const ces_envelope_t *envelope, const char *data, size_t len,
                                      ces_event_t *event, char *errstr, size_t errstr_size);
+/* The same for data the caller gives up (ces_json_parse_in_place): *event then points into data
+ * too, which is no longer the JSON it was, whatever the outcome; so are the row images' strings
+ * of envelope->data_tree. */
+ces_decode_status_t ces_decode_event_in_place(ces_decoder_t *decoder, ces_arena_t *arena,
+                                              const ces_envelope_t *envelope, char *data,
+                                              size_t len, ces_event_t *event, char *errstr,
+                                              size_t errstr_size);
 
 /*
  * Decodes one unsplit record and writes the event's dump (ces_event_dump), or "rejected: REASON",

@@ -126,6 +126,8 @@ struct ces_json_parser_s {
     ces_json_t root;
     bool have_root;
     char error[200];
+    /* ces_json_parse_in_place: the text, whose unescaped strings end where their quotes were */
+    uintptr_t text_begin, text_end;
     pool_t pool;
     yajl_alloc_funcs alloc_funcs;
 };
@@ -189,6 +191,14 @@ static int add_value(ces_json_parser_t *p, const ces_json_t *value) {
 }
 
 static const char *copy_text(ces_json_parser_t *p, const unsigned char *s, size_t len) {
+    /* yajl hands over a string without escapes as a pointer into the text (unless the token was
+     * split across input chunks, which one whole text never is), just before its closing quote;
+     * it has read past that quote for good. The text was checked as a whole: no check again. */
+    uintptr_t at = (uintptr_t)s;
+    if (at >= p->text_begin && at < p->text_end && len < p->text_end - at && s[len] == '"') {
+        ((unsigned char *)s)[len] = '\0';
+        return (const char *)s;
+    }
     /* At every layer: an escape may decode to a lone surrogate, even in text known valid. */
     if (memchr(s, 0xED, len) != NULL && !ces_utf8_valid((const char *)s, len)) {
         fail(p, "malformed JSON: a string escapes a lone UTF-16 surrogate (not valid UTF-8)");
@@ -292,9 +302,30 @@ static const yajl_callbacks callbacks = {
     .yajl_end_array = on_end,
 };
 
+static const ces_json_t *parse(ces_json_parser_t *parser, ces_arena_t *arena, const char *text,
+                               size_t len, const ces_json_limits_t *limits, char *errstr,
+                               size_t errstr_size);
+
 const ces_json_t *ces_json_parse(ces_json_parser_t *parser, ces_arena_t *arena, const char *text,
                                  size_t len, const ces_json_limits_t *limits, char *errstr,
                                  size_t errstr_size) {
+    parser->text_begin = parser->text_end = 0;
+    return parse(parser, arena, text, len, limits, errstr, errstr_size);
+}
+
+const ces_json_t *ces_json_parse_in_place(ces_json_parser_t *parser, ces_arena_t *arena,
+                                          char *text, size_t len, const ces_json_limits_t *limits,
+                                          char *errstr, size_t errstr_size) {
+    parser->text_begin = (uintptr_t)text;
+    parser->text_end = (uintptr_t)text + len;
+    const ces_json_t *root = parse(parser, arena, text, len, limits, errstr, errstr_size);
+    parser->text_begin = parser->text_end = 0;
+    return root;
+}
+
+static const ces_json_t *parse(ces_json_parser_t *parser, ces_arena_t *arena, const char *text,
+                               size_t len, const ces_json_limits_t *limits, char *errstr,
+                               size_t errstr_size) {
     const ces_json_t *result = NULL;
     parser->depth = 0;
     parser->arena = arena;

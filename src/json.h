@@ -67,6 +67,16 @@ const ces_json_t *ces_json_parse(ces_json_parser_t *parser, ces_arena_t *arena, 
                                  size_t len, const ces_json_limits_t *limits, char *errstr,
                                  size_t errstr_size);
 
+/*
+ * The same, for a text the caller gives up: strings that need no unescaping are not copied but
+ * ended in place, their closing quote overwritten with NUL, and the tree points into text (which
+ * must then outlive it, and is no longer the JSON it was). A record's JSON layers are parsed once
+ * each, and copying every name and value out of them was a tenth of decoding.
+ */
+const ces_json_t *ces_json_parse_in_place(ces_json_parser_t *parser, ces_arena_t *arena,
+                                          char *text, size_t len, const ces_json_limits_t *limits,
+                                          char *errstr, size_t errstr_size);
+
 /* Returns the first member named key of an OBJECT node, or NULL. */
 const ces_json_t *ces_json_get(const ces_json_t *object, const char *key);
 

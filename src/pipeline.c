@@ -389,8 +389,10 @@ ces_pipeline_status_t ces_pipeline_add(ces_pipeline_t *p, const ces_record_t *re
     }
     if (is_whole(&env)) {
         ces_event_t event;
-        st = ces_decode_event(p->decoder, arena, &env, env.data, env.data_len, &event, reason,
-                              sizeof(reason));
+        /* The data string is the arena's copy, read only here: decoded in place (see below for
+         * the record that turns out to be a segment after all). */
+        st = ces_decode_event_in_place(p->decoder, arena, &env, (char *)env.data, env.data_len,
+                                       &event, reason, sizeof(reason));
         if (st == CES_DECODE_OK) {
             /* Held, the event keeps only itself and its record: the decoding arena, JSON trees
              * included, is several times their size. */
@@ -414,6 +416,17 @@ ces_pipeline_status_t ces_pipeline_add(ces_pipeline_t *p, const ces_record_t *re
          * 0-based segments: only then does its data fail to decode on its own. */
         if (env.legacy || env.index != 1 || env.data == NULL) {
             if (add_dead_letter(p, &source, reason, env.logicalid, raw, rec->len, arena) != 0)
+                goto nomem_taken;
+            return CES_PIPELINE_OK;
+        }
+        /* Its data went to the failed decoding: the segment takes the envelope read again. */
+        char again[512];
+        st = ces_decode_envelope(p->decoder, arena, raw, rec->len, &env, again, sizeof(again));
+        if (st == CES_DECODE_NOMEM)
+            goto nomem;
+        if (st != CES_DECODE_OK) {
+            /* It was read once already: the same bytes cannot fail now. */
+            if (add_dead_letter(p, &source, again, NULL, raw, rec->len, arena) != 0)
                 goto nomem_taken;
             return CES_PIPELINE_OK;
         }

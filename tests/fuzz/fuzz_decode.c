@@ -104,6 +104,25 @@ static void differential_json(const uint8_t *data, size_t size) {
             fprintf(stderr, "ces2pg's JSON reader and yajl read different values\n");
             abort();
         }
+        /* Parsed in place, the same text gives the same tree. */
+        char *copy = malloc(size + 1);
+        if (copy == NULL)
+            abort();
+        memcpy(copy, data, size);
+        const ces_json_t *w =
+            ces_json_parse_in_place(json, arena, copy, size, &limits, err, sizeof(err));
+        char *in_place = NULL;
+        size_t in_place_len = 0;
+        out = open_memstream(&in_place, &in_place_len);
+        if (w != NULL)
+            flatten(w, out);
+        fclose(out);
+        if (w == NULL || in_place_len != ours_len || memcmp(in_place, ours, ours_len) != 0) {
+            fprintf(stderr, "ces2pg's JSON reader read different values in place\n");
+            abort();
+        }
+        free(in_place);
+        free(copy);
         free(ours);
         free(theirs);
     } else if (err[0] == '\0') {
@@ -159,8 +178,32 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         st = ces_decode_event(decoder, arena, &env, env.data, env.data_len, &ev, reason,
                               sizeof(reason));
         check(st, reason);
+        char *dump = NULL, *in_place = NULL;
+        size_t dump_len = 0, in_place_len = 0;
+        FILE *out = open_memstream(&dump, &dump_len);
         if (st == CES_DECODE_OK)
-            ces_event_dump(&ev, sink); /* touches every string of the event */
+            ces_event_dump(&ev, out); /* touches every string of the event */
+        else
+            fprintf(out, "%d %s", (int)st, reason);
+        fclose(out);
+        /* Decoded in place (as the pipeline does), the same data gives the same event. */
+        reason[0] = '\0';
+        st = ces_decode_event_in_place(decoder, arena, &env, (char *)env.data, env.data_len, &ev,
+                                       reason, sizeof(reason));
+        check(st, reason);
+        out = open_memstream(&in_place, &in_place_len);
+        if (st == CES_DECODE_OK)
+            ces_event_dump(&ev, out);
+        else
+            fprintf(out, "%d %s", (int)st, reason);
+        fclose(out);
+        if (in_place_len != dump_len || memcmp(in_place, dump, dump_len) != 0) {
+            fprintf(stderr, "the event decoded in place differs\n");
+            abort();
+        }
+        fwrite(dump, 1, dump_len, sink);
+        free(dump);
+        free(in_place);
     }
     ces_arena_destroy(arena);
     differential_json(data, size);

@@ -81,13 +81,16 @@ static char *yajl_flat(const char *text, size_t len) {
     return buf;
 }
 
-/* Parses text and returns its flat rendering (malloc'd), or NULL with the error in err. */
-static char *parse_flat(const char *text, size_t len, char *err, size_t err_size) {
+/* Parses text (in place, or not) and returns its flat rendering (malloc'd), or NULL with the error
+ * in err. */
+static char *parse_flat_mode(const char *text, size_t len, bool in_place, char *err,
+                             size_t err_size) {
     ces_json_parser_t *p = ces_json_parser_new();
     ces_arena_t *a = ces_arena_new();
     char *copy = malloc(len ? len : 1); /* exact size: ASan sees any read past the end */
     memcpy(copy, text, len);
-    const ces_json_t *v = ces_json_parse(p, a, copy, len, &limits, err, err_size);
+    const ces_json_t *v = in_place ? ces_json_parse_in_place(p, a, copy, len, &limits, err, err_size)
+                                   : ces_json_parse(p, a, copy, len, &limits, err, err_size);
     char *buf = NULL;
     if (v != NULL) {
         size_t n = 0;
@@ -99,6 +102,19 @@ static char *parse_flat(const char *text, size_t len, char *err, size_t err_size
     ces_arena_destroy(a);
     ces_json_parser_destroy(p);
     return buf;
+}
+
+/* Both ways, which must agree. */
+static char *parse_flat(const char *text, size_t len, char *err, size_t err_size) {
+    char *got = parse_flat_mode(text, len, false, err, err_size);
+    char in_place_err[256] = "";
+    char *in_place = parse_flat_mode(text, len, true, in_place_err, sizeof(in_place_err));
+    if ((got == NULL) != (in_place == NULL) || (got != NULL && strcmp(got, in_place) != 0) ||
+        (got == NULL && strcmp(err, in_place_err) != 0))
+        fail_msg("%.*s: '%s' (%s), but in place '%s' (%s)", (int)len, text, got ? got : "", err,
+                 in_place ? in_place : "", in_place_err);
+    free(in_place);
+    return got;
 }
 
 static void accepts(const char *text, size_t len, const char *want) {
@@ -298,10 +314,43 @@ static void utf8_validator(void **state) {
     assert_false(ces_utf8_valid("\xf8\x88\x80\x80\x80", 5));
 }
 
+/* In place, strings without escapes are the text's own bytes, ended where their quote was;
+ * escaped ones are copies. */
+static void in_place_strings_point_into_the_text(void **state) {
+    (void)state;
+    ces_json_parser_t *p = ces_json_parser_new();
+    ces_arena_t *a = ces_arena_new();
+    char text[] = "{\"k\":\"plain\",\"e\":\"a\\\"b\",\"\":\"\",\"n\":12}";
+    size_t len = sizeof(text) - 1;
+    char err[256];
+    const ces_json_t *v = ces_json_parse_in_place(p, a, text, len, &limits, err, sizeof(err));
+    assert_non_null(v);
+    assert_int_equal(v->count, 4);
+    const ces_json_member_t *m = v->members;
+    assert_ptr_equal(m[0].key, text + 2);
+    assert_string_equal(m[0].key, "k");
+    assert_ptr_equal(m[0].value.text, text + 6);
+    assert_string_equal(m[0].value.text, "plain");
+    assert_int_equal(m[0].value.text_len, 5);
+    assert_ptr_equal(m[1].key, text + 14);
+    /* An escaped string is decoded by yajl elsewhere: a copy, the text keeps its bytes. */
+    assert_true(m[1].value.text < text || m[1].value.text >= text + len);
+    assert_memory_equal(m[1].value.text, "a\"b", 4);
+    assert_memory_equal(text + 18, "a\\\"b\"", 5);
+    /* Empty names and values, and numbers (yajl reads past them and looks again). */
+    assert_string_equal(m[2].key, "");
+    assert_string_equal(m[2].value.text, "");
+    assert_string_equal(m[3].value.text, "12");
+    assert_true(m[3].value.text < text || m[3].value.text >= text + len);
+    ces_arena_destroy(a);
+    ces_json_parser_destroy(p);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(grammar),   cmocka_unit_test(strings),        cmocka_unit_test(bounds),
         cmocka_unit_test(trusted_utf8), cmocka_unit_test(utf8_validator),
+        cmocka_unit_test(in_place_strings_point_into_the_text),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
