@@ -235,8 +235,7 @@ static int add_event(ces_pipeline_t *p, const ces_source_t *source, const ces_ev
     switch (ces_order_add(p->order, &tmp)) {
     case CES_ORDER_HELD:
         return 0;
-    case CES_ORDER_DUPLICATE:
-        p->stats.duplicates++;
+    case CES_ORDER_DUPLICATE: /* counted by the orderer (ces_pipeline_get_stats) */
         ces_log_debug("duplicate of an applied or held event skipped: %s[%d]@%lld (%s)",
                       source->topic, (int)source->partition, (long long)source->offset,
                       logicalid);
@@ -1099,6 +1098,11 @@ const ces_item_t *ces_pipeline_batch_item(const ces_pipeline_t *p, size_t i) {
 
 void ces_pipeline_get_stats(const ces_pipeline_t *p, ces_pipeline_stats_t *stats) {
     *stats = p->stats;
+    /* The orderer drops resent events on arrival, and also when it releases a transaction if
+     * their first copy went to PostgreSQL meanwhile (it was in the batch being read when the copy
+     * came): it counts both. */
+    if (p->order != NULL)
+        stats->duplicates += ces_order_duplicates(p->order);
     stats->pending_events = p->order ? ces_order_pending_events(p->order) : 0;
     stats->pending_segments = ces_reasm_pending_groups(p->reasm);
     stats->pending_transactions = p->order ? ces_order_pending_transactions(p->order) : 0;

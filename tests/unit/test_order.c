@@ -193,6 +193,29 @@ static void in_flight_positions_are_duplicates(void **state) {
     ces_order_destroy(o);
 }
 
+/* A copy that comes while the first is in the batch being read is held (nothing says yet that
+ * it was applied); by the time its transaction is released, the first is in flight: the copy is
+ * dropped then, and counted like one dropped on arrival. */
+static void duplicate_released_after_the_first_went_out(void **state) {
+    (void)state;
+    ces_order_t *o = ces_order_new(4);
+    ces_batch_t batch = {0}, next = {0};
+    ces_item_t x = item(2, 1, 1, 0, 1), dup = item(2, 1, 1, 3, 7);
+    assert_int_equal(ces_order_add(o, &x), CES_ORDER_HELD);
+    assert_int_equal(ces_order_pop_oldest(o, &batch), 1);
+    assert_int_equal(ces_order_add(o, &dup), CES_ORDER_HELD);
+    assert_int_equal(ces_order_duplicates(o), 0);
+    assert_int_equal(ces_order_set_in_flight(o, &batch), 0);
+    assert_int_equal(ces_order_pop_oldest(o, &next), 0);
+    assert_int_equal(next.count, 0);
+    assert_int_equal(ces_order_duplicates(o), 1);
+    assert_int_equal(ces_order_pending_events(o), 0);
+    ces_batch_clear(&batch);
+    ces_batch_free(&batch);
+    ces_batch_free(&next);
+    ces_order_destroy(o);
+}
+
 static void duplicates_held_and_committed(void **state) {
     (void)state;
     ces_order_t *o = ces_order_new(4);
@@ -258,6 +281,7 @@ int main(void) {
         cmocka_unit_test(groups_and_orders),
         cmocka_unit_test(min_offsets_follow_what_is_held),
         cmocka_unit_test(duplicates_held_and_committed),
+        cmocka_unit_test(duplicate_released_after_the_first_went_out),
         cmocka_unit_test(pending_bytes_follow_the_arenas),
         cmocka_unit_test(in_flight_positions_are_duplicates),
         cmocka_unit_test(dedup_window_survives_churn),
