@@ -91,8 +91,8 @@ int main(int argc, char **argv) {
             char err[256];
             if (ces_decode_envelope(d, arena, records[i], lens[i], &env, err, sizeof(err)) !=
                     CES_DECODE_OK ||
-                ces_decode_event(d, arena, &env, env.data, env.data_len, &ev, err, sizeof(err)) !=
-                    CES_DECODE_OK)
+                ces_decode_event_in_place(d, arena, &env, (char *)env.data, env.data_len, &ev, err,
+                                          sizeof(err)) != CES_DECODE_OK)
                 rejected++;
             ces_arena_destroy(arena);
         }
