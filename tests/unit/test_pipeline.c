@@ -211,6 +211,75 @@ static void group_that_never_completes(void **state) {
     ces_pipeline_destroy(p);
 }
 
+/* JSON-escapes s into out (for the data string of an envelope). */
+static void escape_json(const char *s, char *out, size_t size) {
+    size_t n = 0;
+    for (; *s != '\0' && n + 3 < size; s++) {
+        if (*s == '"' || *s == '\\')
+            out[n++] = '\\';
+        out[n++] = *s;
+    }
+    out[n] = '\0';
+}
+
+/* One segment of the event below, at index with finalsegment as given, on partition index. */
+static void feed_segment(ces_pipeline_t *p, int64_t offset, int index, bool final,
+                         const char *data_part) {
+    char escaped[2048], rec[4096];
+    escape_json(data_part, escaped, sizeof(escaped));
+    snprintf(rec, sizeof(rec),
+             "{\"specversion\":\"1.0\",\"type\":\"com.microsoft.SQL.CES.DML.V1\",\"id\":\"i\","
+             "\"logicalid\":\"u:000000010000002A0001:00000000000000000001\","
+             "\"operation\":\"INS\",\"segmentindex\":%d,\"finalsegment\":%s,"
+             "\"data\":\"%s\"}",
+             index, final ? "true" : "false", escaped);
+    ces_record_t r = {.topic = "ces", .partition = index, .offset = offset, .value = rec,
+                      .len = strlen(rec)};
+    char err[256];
+    assert_int_equal(ces_pipeline_add(p, &r, 0, err, sizeof(err)), CES_PIPELINE_OK);
+}
+
+/*
+ * Two 0-based segments: the last one (index 1, finalsegment) looks like a whole 1-based record,
+ * and decoding it as one fails only after its data was partly parsed in place. It must still
+ * join its first segment intact, whichever comes first. The split puts a string at the start of
+ * the second part, so that the failed decoding does change its text.
+ */
+static void last_of_two_zero_based_segments(void **state) {
+    (void)state;
+    static const char data[] =
+        "{\"eventsource\":{\"db\":\"d\",\"schema\":\"s\",\"tbl\":\"T\",\"cols\":[{\"name\":"
+        "\"k\",\"type\":\"int\",\"index\":0}],\"pkkey\":[{\"columnname\":\"k\",\"value\":"
+        "\"42\"}],\"transaction\":{\"commitlsn\":\"00000001:0000002A:0001\","
+        "\"sequencenumber\":1}},\"eventrow\":{\"old\":\"{}\",\"current\":"
+        "\"{\\\"k\\\":\\\"42\\\"}\"}}";
+    const char *split = strstr(data, "\"schema\"");
+    assert_non_null(split);
+    char first[512];
+    snprintf(first, sizeof(first), "%.*s", (int)(split - data), data);
+    for (int second_first = 0; second_first < 2; second_first++) {
+        ces_pipeline_t *p = new_pipeline();
+        if (second_first) {
+            feed_segment(p, 0, 1, true, split);
+            feed_segment(p, 0, 0, false, first);
+        } else {
+            feed_segment(p, 0, 0, false, first);
+            feed_segment(p, 0, 1, true, split);
+        }
+        ces_pipeline_partition_eof(p, "ces", 0, 1);
+        ces_pipeline_partition_eof(p, "ces", 1, 1);
+        tick(p, WINDOW);
+        assert_int_equal(ces_pipeline_batch_events(p), 1);
+        const ces_item_t *item = ces_pipeline_batch_item(p, 0);
+        assert_int_equal(item->kind, CES_ITEM_EVENT);
+        assert_string_equal(item->event.table, "T");
+        assert_int_equal(item->event.ncurrent, 1);
+        assert_string_equal(item->event.current[0].value, "42");
+        assert_int_equal(item->nmore_sources, 1);
+        ces_pipeline_destroy(p);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(interleaved_across_partitions),
@@ -218,6 +287,7 @@ int main(void) {
         cmocka_unit_test(duplicates_and_quiet_partition),
         cmocka_unit_test(group_that_never_completes),
         cmocka_unit_test(batch_full_by_bytes),
+        cmocka_unit_test(last_of_two_zero_based_segments),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
