@@ -174,8 +174,9 @@ static bool matches_any(const char *const *globs, size_t n, const char *name) {
 static bool table_selected(const ces_pipeline_t *p, const ces_event_t *event) {
     if (p->options.ninclude == 0 && p->options.nexclude == 0)
         return true;
-    char name[1100];
-    snprintf(name, sizeof(name), "%s.%s", event->schema, event->table);
+    char name[1100]; /* two names of at most 512 bytes (decode.c): never cut */
+    const char *parts[] = {event->schema, event->table};
+    ces_map_key(name, sizeof(name), '.', parts, 2);
     if (p->options.ninclude > 0 && !matches_any(p->options.include, p->options.ninclude, name))
         return false;
     return !matches_any(p->options.exclude, p->options.nexclude, name);
