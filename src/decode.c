@@ -339,11 +339,13 @@ static ces_decode_status_t take_value(ces_decoder_t *decoder, const char *where,
     }
 }
 
-/* old/current: a JSON object serialized into a string (or, tolerated, inline). */
+/* old/current: a JSON object serialized into a string (or, tolerated, inline). where names it
+ * in messages: "eventrow." and then its member name. */
 static ces_decode_status_t decode_image(ces_decoder_t *decoder, ces_arena_t *arena,
-                                        const ces_json_t *row, const char *name, bool in_place,
+                                        const ces_json_t *row, const char *where, bool in_place,
                                         ces_field_t **fields, size_t *count, char *errstr,
                                         size_t errstr_size) {
+    const char *name = where + strlen("eventrow.");
     *fields = NULL;
     *count = 0;
     const ces_json_t *v = ces_json_get(row, name);
@@ -362,13 +364,11 @@ static ces_decode_status_t decode_image(ces_decoder_t *decoder, ces_arena_t *are
         if (obj == NULL) {
             if (strcmp(jerr, "out of memory") == 0)
                 return CES_DECODE_NOMEM;
-            REJECT("eventrow.%s: %s", name, jerr);
+            REJECT("%s: %s", where, jerr);
         }
     }
     if (obj->type != CES_JSON_OBJECT)
-        REJECT("eventrow.%s must hold a JSON object, not %s", name, ces_json_type_name(obj->type));
-    char where[32];
-    snprintf(where, sizeof(where), "eventrow.%s", name);
+        REJECT("%s must hold a JSON object, not %s", where, ces_json_type_name(obj->type));
     TRY(check_unique_keys(decoder, obj, where, errstr, errstr_size));
     if (obj->count == 0)
         return CES_DECODE_OK;
@@ -587,10 +587,10 @@ static ces_decode_status_t decode_event(ces_decoder_t *decoder, ces_arena_t *are
     if (row == NULL || row->type != CES_JSON_OBJECT)
         REJECT("data: missing required object 'eventrow'");
     TRY(check_unique_keys(decoder, row, "eventrow", errstr, errstr_size));
-    TRY(decode_image(decoder, arena, row, "old", in_place, &event->old, &event->nold, errstr,
-                     errstr_size));
-    TRY(decode_image(decoder, arena, row, "current", in_place, &event->current, &event->ncurrent,
+    TRY(decode_image(decoder, arena, row, "eventrow.old", in_place, &event->old, &event->nold,
                      errstr, errstr_size));
+    TRY(decode_image(decoder, arena, row, "eventrow.current", in_place, &event->current,
+                     &event->ncurrent, errstr, errstr_size));
 
     event->op = envelope->op;
     event->id = envelope->id;

@@ -64,6 +64,26 @@ static void position_order(void **state) {
     assert_int_equal(ces_position_compare(&a, &a), 0);
 }
 
+static void version_is_one_ordered_number(void **state) {
+    (void)state;
+    char buf[64];
+    ces_position_t zero = {{0, 0}, 0};
+    ces_version_format(&zero, buf, sizeof(buf));
+    assert_string_equal(buf, "000000000000000000000");
+    ces_position_t top = {{0xFFFFFFFFu, 0xFFFFFFFFFFFFULL}, UINT64_MAX};
+    ces_version_format(&top, buf, sizeof(buf));
+    assert_string_equal(buf, "1208925819614629174706175" "18446744073709551615");
+    ces_position_t some = {lsn("27:1A8:3"), 12};
+    ces_version_format(&some, buf, sizeof(buf));
+    assert_string_equal(buf, "10977524119502851" "00000000000000000012");
+    /* Like snprintf, a short buffer gets what fits and a NUL. */
+    ces_version_format(&some, buf, 6);
+    assert_string_equal(buf, "10977");
+    buf[0] = 'x';
+    ces_version_format(&some, buf, 0);
+    assert_int_equal(buf[0], 'x');
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(parse_and_format),
@@ -71,6 +91,7 @@ int main(void) {
         cmocka_unit_test(compares_numerically_across_all_80_bits),
         cmocka_unit_test(compact_form_of_logicalid),
         cmocka_unit_test(position_order),
+        cmocka_unit_test(version_is_one_ordered_number),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
