@@ -1271,6 +1271,7 @@ typedef struct {
     bool between;
     bool drain_done;
     int drain_rc;
+    bool sent_all; /* attempt_send went through to its last Sync */
     /* scratch for one statement's parameters */
     const char **values;
     int *lengths;
@@ -2263,6 +2264,17 @@ static int prepare_tables(ces_apply_t *a, ces_batch_t *batch, table_t **tables,
     return 0;
 }
 
+/* After the rollback of a failed attempt. Results that nobody read would be taken for the answers
+ * to the next attempt's statements: a session that cannot leave pipeline mode is closed instead
+ * (which rolls back whatever it had open). */
+static void leave_pipeline_or_disconnect(ces_apply_t *a) {
+    if (PQexitPipelineMode(a->conn) == 1)
+        return;
+    ces_log_warning("PostgreSQL: leaving pipeline mode after a failed batch: %s; reconnecting",
+                    PQerrorMessage(a->conn));
+    disconnect(a);
+}
+
 /* Ends the pipeline after a failure: ROLLBACK if the connection still works. */
 static void abandon(sender_t *s) {
     PGconn *conn = s->a->conn;
@@ -2276,8 +2288,7 @@ static void abandon(sender_t *s) {
     if (send_simple(s, "ROLLBACK") == 0)
         sync_and_drain(s);
     s->e = saved;
-    if (PQexitPipelineMode(conn) != 1)
-        ces_log_debug("leaving pipeline mode: %s", PQerrorMessage(conn));
+    leave_pipeline_or_disconnect(s->a);
 }
 
 /* What one attempt sends: a whole transaction, or a part of a streamed one (see apply.h). */
@@ -2300,8 +2311,7 @@ static void abandon_step(sender_t *s, bool whole) {
     if (send_simple(s, whole ? "ROLLBACK" : "ROLLBACK TO SAVEPOINT ces_step") == 0)
         sync_and_drain(s);
     s->e = saved;
-    if (PQexitPipelineMode(conn) != 1)
-        ces_log_debug("leaving pipeline mode: %s", PQerrorMessage(conn));
+    leave_pipeline_or_disconnect(s->a);
 }
 
 /* Sends one attempt's statements up to the Sync that ends them; nothing is read yet (unless more
@@ -2348,9 +2358,10 @@ static int attempt_send(ces_apply_t *a, ces_batch_t *batch, step_t step, sender_
         sent(s, PQsendQueryParams(a->conn, "COMMIT", 0, NULL, NULL, NULL, NULL, 0), PEND_COMMIT,
              -1, NULL) != 0)
         return -1;
-    if (send_sync(s) != 0 || e->cls != ERR_NONE)
+    if (send_sync(s) != 0)
         return -1;
-    return 0;
+    s->sent_all = true;
+    return e->cls != ERR_NONE ? -1 : 0;
 }
 
 /* Back to blocking mode once libpq has sent all it buffered (reading results meanwhile, so that
@@ -2767,7 +2778,10 @@ ces_apply_status_t ces_apply_finish(ces_apply_t *a, ces_apply_stats_t *stats, ch
         return CES_APPLY_OK;
     a->async = NULL;
     step_t step = as->step;
-    if (as->e.cls != ERR_NONE || attempt_finish(a, step, &as->s) != 0)
+    /* An error read by ces_apply_ready can come before the rest of the results (libpq may even
+     * still be sending): once everything went out, attempt_finish reads them all, to the Sync,
+     * and then the attempt is abandoned with nothing left unread. */
+    if ((as->e.cls != ERR_NONE && !as->s.sent_all) || attempt_finish(a, step, &as->s) != 0)
         attempt_abandon(&as->s, step);
     ces_batch_t *batch = as->batch;
     attempt_error_t e = as->e;
