@@ -153,6 +153,22 @@ static void feed_three_transactions(ces_pipeline_t *p) {
     ces_pipeline_partition_eof(p, "ces", 1, 1);
 }
 
+/* A batch that does not fill is applied at the first pause in arrivals once it is 5 ms old (the
+ * latency of a trickle), and at batch_max_ms (100) in any case. */
+static void open_batch_settles_after_5_ms(void **state) {
+    (void)state;
+    ces_pipeline_t *p = new_pipeline();
+    feed_three_transactions(p);
+    tick(p, 1000); /* released at 1000: the batch opens then */
+    assert_int_equal(ces_pipeline_batch_events(p), 4);
+    assert_false(ces_pipeline_settled(p, 1004));
+    assert_true(ces_pipeline_settled(p, 1005));
+    assert_int_equal(ces_pipeline_wait_ms(p, 1001, 50), 4);
+    assert_false(ces_pipeline_due(p, 1099));
+    assert_true(ces_pipeline_due(p, 1100));
+    ces_pipeline_destroy(p);
+}
+
 /* apply.batch_max_bytes: a batch is full at its bytes long before its events, and takes whole
  * transactions only. */
 static void batch_full_by_bytes(void **state) {
@@ -286,6 +302,7 @@ int main(void) {
         cmocka_unit_test(lagging_partition_holds_everything),
         cmocka_unit_test(duplicates_and_quiet_partition),
         cmocka_unit_test(group_that_never_completes),
+        cmocka_unit_test(open_batch_settles_after_5_ms),
         cmocka_unit_test(batch_full_by_bytes),
         cmocka_unit_test(last_of_two_zero_based_segments),
     };
