@@ -116,9 +116,16 @@ typedef struct {
     bool in_commit;   /* the failure hit COMMIT: the outcome is unknown */
     char sqlstate[6];
     char message[512];
+    table_t *taken; /* ERR_INSERT_TAKEN: the table of the plain INSERT */
 } attempt_error_t;
 
 static void async_free(struct async_s *as);
+
+/* Errors of one change's data (or a plain INSERT's taken key): in a stream, only the step is
+ * undone and sent again; the transaction goes on. */
+static bool undoes_only_the_step(err_class_t cls) {
+    return cls == ERR_DATA || cls == ERR_BULK || cls == ERR_INSERT_TAKEN;
+}
 
 /* ---------------------------------------------------------------------------------------------- */
 
@@ -1382,10 +1389,7 @@ static int drain_some(sender_t *s, bool wait) {
              * "01"): only row by row can tell which change it was. */
             if (first && p->inserted != NULL && strcmp(s->e->sqlstate, "23505") == 0) {
                 s->e->cls = ERR_INSERT_TAKEN;
-                table_t *t = p->inserted;
-                unsigned shift = t->insert_conflicts < 6 ? t->insert_conflicts : 6;
-                t->insert_conflicts++;
-                t->upsert_until = s->a->attempts + (64u << shift);
+                s->e->taken = p->inserted;
             } else if (first && p->kind == PEND_BULK &&
                        (s->e->cls == ERR_DATA || strcmp(s->e->sqlstate, "21000") == 0)) {
                 s->e->cls = ERR_BULK;
@@ -2275,44 +2279,12 @@ static void leave_pipeline_or_disconnect(ces_apply_t *a) {
     disconnect(a);
 }
 
-/* Ends the pipeline after a failure: ROLLBACK if the connection still works. */
-static void abandon(sender_t *s) {
-    PGconn *conn = s->a->conn;
-    if (PQstatus(conn) != CONNECTION_OK || PQpipelineStatus(conn) == PQ_PIPELINE_OFF)
-        return;
-    attempt_error_t ignored = {.failed_item = -1};
-    attempt_error_t *saved = s->e;
-    s->e = &ignored;
-    s->npending = 0;
-    drain_reset(s);
-    if (send_simple(s, "ROLLBACK") == 0)
-        sync_and_drain(s);
-    s->e = saved;
-    leave_pipeline_or_disconnect(s->a);
-}
-
 /* What one attempt sends: a whole transaction, or a part of a streamed one (see apply.h). */
 typedef enum {
     STEP_WHOLE, /* BEGIN ... COMMIT */
     STEP_CHUNK, /* inside the open transaction, under a savepoint; no COMMIT */
     STEP_LAST,  /* the last part, the positions, COMMIT */
 } step_t;
-
-/* After a failed step of a stream: undo only the step when the transaction can go on. */
-static void abandon_step(sender_t *s, bool whole) {
-    PGconn *conn = s->a->conn;
-    if (PQstatus(conn) != CONNECTION_OK || PQpipelineStatus(conn) == PQ_PIPELINE_OFF)
-        return;
-    attempt_error_t ignored = {.failed_item = -1};
-    attempt_error_t *saved = s->e;
-    s->e = &ignored;
-    s->npending = 0;
-    drain_reset(s);
-    if (send_simple(s, whole ? "ROLLBACK" : "ROLLBACK TO SAVEPOINT ces_step") == 0)
-        sync_and_drain(s);
-    s->e = saved;
-    leave_pipeline_or_disconnect(s->a);
-}
 
 /* Sends one attempt's statements up to the Sync that ends them; nothing is read yet (unless more
  * than PIPELINE_CHUNK results wait). With s->nonblocking libpq only buffers what the socket does
@@ -2416,17 +2388,32 @@ static int attempt_finish(ces_apply_t *a, step_t step, sender_t *s) {
     return 0;
 }
 
+/* Ends a failed attempt's pipeline, if the connection still works: reads what was sent to its
+ * last Sync (an error may have been read before the rest of the results, even while libpq was
+ * still sending), then rolls back the transaction, or in a stream only the step. */
+static void roll_back(sender_t *s, bool whole) {
+    PGconn *conn = s->a->conn;
+    if (PQstatus(conn) != CONNECTION_OK || PQpipelineStatus(conn) == PQ_PIPELINE_OFF)
+        return;
+    attempt_error_t ignored = {.failed_item = -1};
+    attempt_error_t *saved = s->e;
+    s->e = &ignored;
+    if (s->sent_all && (s->npending > 0 || s->between) && leave_nonblocking(s) == 0)
+        drain(s);
+    s->npending = 0;
+    drain_reset(s);
+    if (send_simple(s, whole ? "ROLLBACK" : "ROLLBACK TO SAVEPOINT ces_step") == 0)
+        sync_and_drain(s);
+    s->e = saved;
+    leave_pipeline_or_disconnect(s->a);
+}
+
 /* After a failed attempt: rolls back what it did, and leaves the connection in blocking mode (or
  * closes it). */
 static void attempt_abandon(sender_t *s, step_t step) {
     ces_apply_t *a = s->a;
-    if (step == STEP_WHOLE)
-        abandon(s);
-    else
-        /* A data error undoes only this step; anything else loses the whole transaction. */
-        abandon_step(s, (s->e->cls != ERR_DATA && s->e->cls != ERR_BULK &&
-                         s->e->cls != ERR_INSERT_TAKEN) ||
-                            s->e->in_commit);
+    /* A data error undoes only a stream's step; anything else loses the whole transaction. */
+    roll_back(s, step == STEP_WHOLE || !undoes_only_the_step(s->e->cls) || s->e->in_commit);
     if (a->conn != NULL && PQisnonblocking(a->conn) && PQsetnonblocking(a->conn, 0) != 0)
         disconnect(a);
 }
@@ -2536,8 +2523,8 @@ static ces_apply_status_t apply_step(ces_apply_t *a, ces_batch_t *batch, step_t 
     outcome:
         if (e.cls == ERR_NONE)
             break;
-        if (step != STEP_WHOLE && e.cls != ERR_DATA && e.cls != ERR_BULK &&
-            e.cls != ERR_INSERT_TAKEN && e.cls != ERR_FENCED && e.cls != ERR_FATAL &&
+        if (step != STEP_WHOLE && !undoes_only_the_step(e.cls) && e.cls != ERR_FENCED &&
+            e.cls != ERR_FATAL &&
             !(e.cls == ERR_RETRY && e.in_commit)) {
             /* The open transaction is gone: what was streamed must be read again. */
             snprintf(errstr, errstr_size, "%s", e.message);
@@ -2555,13 +2542,17 @@ static ces_apply_status_t apply_step(ces_apply_t *a, ces_batch_t *batch, step_t 
                           e.message, e.sqlstate);
             bulk = false;
             continue;
-        case ERR_INSERT_TAKEN:
+        case ERR_INSERT_TAKEN: {
             /* Not a failure: see the bulk path. The table sends upserts for a while. */
+            unsigned shift = e.taken->insert_conflicts < 6 ? e.taken->insert_conflicts : 6;
+            e.taken->insert_conflicts++;
+            e.taken->upsert_until = a->attempts + (64u << shift);
             ces_log_debug("a plain INSERT found a key taken (%s): applying the batch again with "
                           "upserts",
                           e.message);
             plain_inserts = false;
             continue;
+        }
         case ERR_DATA:
             if (e.failed_item >= 0 && (size_t)e.failed_item < batch->count &&
                 batch->items[e.failed_item].kind == CES_ITEM_EVENT) {
@@ -2778,10 +2769,7 @@ ces_apply_status_t ces_apply_finish(ces_apply_t *a, ces_apply_stats_t *stats, ch
         return CES_APPLY_OK;
     a->async = NULL;
     step_t step = as->step;
-    /* An error read by ces_apply_ready can come before the rest of the results (libpq may even
-     * still be sending): once everything went out, attempt_finish reads them all, to the Sync,
-     * and then the attempt is abandoned with nothing left unread. */
-    if ((as->e.cls != ERR_NONE && !as->s.sent_all) || attempt_finish(a, step, &as->s) != 0)
+    if (as->e.cls != ERR_NONE || attempt_finish(a, step, &as->s) != 0)
         attempt_abandon(&as->s, step);
     ces_batch_t *batch = as->batch;
     attempt_error_t e = as->e;
