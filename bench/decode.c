@@ -6,7 +6,10 @@
  * the pipeline does for an unsplit record) repeatedly for a few seconds. Prints records/s and MB/s
  * of record bytes. Time is the thread's CPU time, so other load on the machine does not count.
  *
- *   build/bench-decode FILE [SECONDS]
+ * With THREADS > 1 the records are decoded by that many threads, 32 at a time, the way the daemon
+ * shares them (src/team.c); time is then wall time, so run it on an otherwise idle machine.
+ *
+ *   build/bench-decode FILE [SECONDS [THREADS]]
  *
  * bench/run-decode generates the standard inputs (1 KB and 200 KB events, JSON and Avro) and runs
  * this on each.
@@ -18,19 +21,54 @@
 
 #include "decode.h"
 #include "replay.h"
+#include "team.h"
 
-static double cpu_s(void) {
+static double clock_s(clockid_t clock) {
     struct timespec ts;
-    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    clock_gettime(clock, &ts);
     return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+typedef struct {
+    char **records;
+    size_t *lens;
+    size_t first;
+    size_t rejected[64]; /* per worker, so that workers write apart */
+} job_t;
+
+typedef struct {
+    ces_decoder_t *decoder;
+    size_t index;
+} worker_t;
+
+static void decode_one(void *worker_arg, void *job_arg, size_t item) {
+    worker_t *w = worker_arg;
+    job_t *job = job_arg;
+    size_t i = job->first + item;
+    ces_arena_t *arena = ces_arena_new();
+    ces_envelope_t env;
+    ces_event_t ev;
+    char err[256];
+    if (arena == NULL ||
+        ces_decode_envelope(w->decoder, arena, job->records[i], job->lens[i], &env, err,
+                            sizeof(err)) != CES_DECODE_OK ||
+        ces_decode_event_in_place(w->decoder, arena, &env, (char *)env.data, env.data_len, &ev,
+                                  err, sizeof(err)) != CES_DECODE_OK)
+        job->rejected[w->index]++;
+    ces_arena_destroy(arena);
 }
 
 int main(int argc, char **argv) {
     if (argc < 2) {
-        fprintf(stderr, "usage: %s FILE [SECONDS]\n", argv[0]);
+        fprintf(stderr, "usage: %s FILE [SECONDS [THREADS]]\n", argv[0]);
         return 64;
     }
     double seconds = argc > 2 ? atof(argv[2]) : 3.0;
+    int threads = argc > 3 ? atoi(argv[3]) : 1;
+    if (threads < 1 || threads > 64) {
+        fprintf(stderr, "THREADS: 1..64\n");
+        return 64;
+    }
     FILE *f = fopen(argv[1], "r");
     if (f == NULL) {
         perror(argv[1]);
@@ -78,37 +116,47 @@ int main(int argc, char **argv) {
     }
     ces_decode_limits_t limits;
     ces_decode_limits_default(&limits);
-    ces_decoder_t *d = ces_decoder_new(&limits);
-    if (d == NULL)
+    worker_t workers[64];
+    void *helpers[63];
+    for (int t = 0; t < threads; t++) {
+        workers[t].index = (size_t)t;
+        workers[t].decoder = ces_decoder_new(&limits);
+        if (workers[t].decoder == NULL)
+            return 1;
+        if (t > 0)
+            helpers[t - 1] = &workers[t];
+    }
+    ces_team_t *team = threads > 1 ? ces_team_new(helpers, (size_t)threads - 1) : NULL;
+    if (threads > 1 && team == NULL)
         return 1;
-    size_t done = 0, done_bytes = 0, rejected = 0;
-    double start = cpu_s(), end;
+    clockid_t clock = threads > 1 ? CLOCK_MONOTONIC : CLOCK_THREAD_CPUTIME_ID;
+    job_t job = {.records = records, .lens = lens};
+    size_t done = 0, done_bytes = 0;
+    double start = clock_s(clock), end;
     do {
-        for (size_t i = 0; i < n; i++) {
-            ces_arena_t *arena = ces_arena_new();
-            ces_envelope_t env;
-            ces_event_t ev;
-            char err[256];
-            if (ces_decode_envelope(d, arena, records[i], lens[i], &env, err, sizeof(err)) !=
-                    CES_DECODE_OK ||
-                ces_decode_event_in_place(d, arena, &env, (char *)env.data, env.data_len, &ev, err,
-                                          sizeof(err)) != CES_DECODE_OK)
-                rejected++;
-            ces_arena_destroy(arena);
+        for (job.first = 0; job.first < n; job.first += 32) {
+            size_t chunk = n - job.first < 32 ? n - job.first : 32;
+            ces_team_run(team, decode_one, &job, &workers[0], chunk);
         }
         done += n;
         done_bytes += bytes;
-        end = cpu_s();
+        end = clock_s(clock);
     } while (end - start < seconds);
+    size_t rejected = 0;
+    for (int t = 0; t < threads; t++)
+        rejected += job.rejected[t];
     double el = end - start;
     printf("records: %zu (%zu binary, %.0f bytes average, %zu rejected)\n", n, binary,
            (double)bytes / (double)n, rejected / (done / n));
-    printf("decode: %.0f records/s, %.1f MB/s on one core (CPU time)\n", (double)done / el,
-           (double)done_bytes / el / 1e6);
+    printf("decode: %.0f records/s, %.1f MB/s on %d thread%s (%s time)\n", (double)done / el,
+           (double)done_bytes / el / 1e6, threads, threads > 1 ? "s" : "",
+           threads > 1 ? "wall" : "CPU");
+    ces_team_destroy(team);
+    for (int t = 0; t < threads; t++)
+        ces_decoder_destroy(workers[t].decoder);
     for (size_t i = 0; i < n; i++)
         free(records[i]);
     free(records);
     free(lens);
-    ces_decoder_destroy(d);
     return 0;
 }

@@ -8,6 +8,7 @@
 #include <avro/value.h>
 #include <errno.h>
 #include <inttypes.h>
+#include <pthread.h>
 #include <stdalign.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -665,10 +666,19 @@ done:
     return st;
 }
 
+/*
+ * Debian's avro-c is built without THREADSAFE: the message avro_strerror() returns is one static
+ * buffer for the whole process. Records are decoded by several threads (decode.threads), each
+ * with a reader of its own, but one's failure could then be told with another's words: reading
+ * Avro is one thread at a time. (JSON, the default encoding, is not held up by this.)
+ */
+static pthread_mutex_t avro_lock = PTHREAD_MUTEX_INITIALIZER;
+
 ces_avro_status_t ces_avro_read_envelope(ces_avro_t *a, ces_arena_t *arena, const void *record,
                                          size_t len, const ces_json_t **root, char *errstr,
                                          size_t errstr_size) {
     *root = NULL;
+    pthread_mutex_lock(&avro_lock);
     window_begin(len, a->json_limits.max_container);
     ces_avro_status_t st =
         ces_avro_is_container(record, len)
@@ -676,6 +686,7 @@ ces_avro_status_t ces_avro_read_envelope(ces_avro_t *a, ces_arena_t *arena, cons
             : read_bare(arena, a->event_class, "Avro ChangeEvent", record, len, root, errstr,
                         errstr_size);
     window_end();
+    pthread_mutex_unlock(&avro_lock);
     return st;
 }
 
@@ -683,9 +694,11 @@ ces_avro_status_t ces_avro_read_data(ces_avro_t *a, ces_arena_t *arena, const vo
                                      size_t len, const ces_json_t **root, char *errstr,
                                      size_t errstr_size) {
     *root = NULL;
+    pthread_mutex_lock(&avro_lock);
     window_begin(len, a->json_limits.max_container);
     ces_avro_status_t st =
         read_bare(arena, a->data_class, "Avro Data record", data, len, root, errstr, errstr_size);
     window_end();
+    pthread_mutex_unlock(&avro_lock);
     return st;
 }

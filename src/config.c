@@ -77,6 +77,7 @@ static const key_t_ keys[] = {
     {"decode.max_columns", KEY_INT, F(decode_max_columns), "4096", false, false, 1, 100000, RESTART},
     {"decode.max_value_bytes", KEY_INT, F(decode_max_value_bytes), "2097152", false, false, 1,
      INT64_C(1) << 30, RESTART},
+    {"decode.threads", KEY_INT, F(decode_threads), "0", false, false, 0, 64, RESTART},
     {"reassembly.max_bytes", KEY_INT, F(reassembly_max_bytes), "67108864", false, false, 1024,
      INT64_C(1) << 34, RESTART},
     {"reassembly.max_segments", KEY_INT, F(reassembly_max_segments), "4096", false, false, 2,

@@ -63,6 +63,10 @@ ces_decoder_t *ces_decoder_new(const ces_decode_limits_t *limits) {
     return d;
 }
 
+const ces_decode_limits_t *ces_decoder_limits(const ces_decoder_t *decoder) {
+    return &decoder->limits;
+}
+
 void ces_decoder_destroy(ces_decoder_t *decoder) {
     if (decoder == NULL)
         return;

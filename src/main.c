@@ -5,6 +5,7 @@
 #include <getopt.h>
 #include <malloc.h>
 #include <libpq-fe.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -104,9 +105,23 @@ static void fill_decode_limits(const ces_config_t *c, ces_decode_limits_t *l) {
     l->max_value_bytes = (size_t)c->decode_max_value_bytes;
 }
 
+/* decode.threads = 0: one per two CPUs the process may run on (its affinity, which a container's
+ * cpuset sets), at least 1 and at most 4. The other half is left to librdkafka's threads and to
+ * the PostgreSQL beside ces2pg: on two CPUs shared with both, a second decoding thread cost more
+ * CPU than it saved (bench/ab, insert: the same wall time, 10-30% more CPU). */
+static size_t decode_threads(const ces_config_t *c) {
+    if (c->decode_threads > 0)
+        return (size_t)c->decode_threads;
+    cpu_set_t set;
+    int cpus = sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : 1;
+    int threads = cpus / 2;
+    return threads < 1 ? 1 : threads > 4 ? 4 : (size_t)threads;
+}
+
 static void fill_pipeline_options(const ces_config_t *c, bool store_offsets,
                                   ces_pipeline_options_t *o) {
     memset(o, 0, sizeof(*o));
+    o->decode_threads = decode_threads(c);
     o->batch_max_events = (size_t)c->apply_batch_max_events;
     o->batch_max_bytes = (size_t)c->apply_batch_max_bytes;
     o->batch_max_ms = c->apply_batch_max_ms;
@@ -199,6 +214,7 @@ static int run_replay(const char *path, char *const *files, size_t nfiles) {
     fill_decode_limits(config, &limits);
     ces_pipeline_options_t popts;
     fill_pipeline_options(config, false, &popts);
+    popts.decode_threads = 1; /* replay adds its lines one by one, as it reads them */
     ces_decoder_t *decoder = ces_decoder_new(&limits);
     ces_apply_t *apply = make_apply(config, NULL, NULL);
     ces_pipeline_t *pipeline = NULL;
@@ -500,19 +516,37 @@ static int run_daemon(const char *path) {
             if ((pst = ces_pipeline_send(pipeline, err, sizeof(err))) != CES_PIPELINE_OK)
                 break;
         }
+        /* Records that librdkafka already holds are staged and decoded together, by every
+         * decoding thread; the first may be waited for, unless records read before are still
+         * being decoded. A full stage means more records wait: they are decoded while the loop
+         * goes on, and taken in with the next stage or as soon as no record is waiting. No more
+         * is read than the pipeline has room for (ces_pipeline_stage_room): with none, what is
+         * staged is taken in and the loop goes back to sending. */
+        size_t room = ces_pipeline_stage_room(pipeline);
+        bool decoding = ces_pipeline_has_staged(pipeline);
         ces_record_t rec;
-        ces_poll_status_t ps = ces_consumer_poll(
-            consumer, ces_pipeline_wait_ms(pipeline, now, poll_ms), &rec, err, sizeof(err));
+        ces_poll_status_t ps = CES_POLL_RECORD; /* with no room: records may wait, none is read */
+        size_t staged = 0;
+        bool stage_full = false;
+        while (staged < room && !stage_full) {
+            int wait_ms = staged > 0 || decoding ? 0 : ces_pipeline_wait_ms(pipeline, now, poll_ms);
+            ps = ces_consumer_poll(consumer, wait_ms, &rec, err, sizeof(err));
+            if (ps != CES_POLL_RECORD)
+                break;
+            stage_full = ces_pipeline_stage(pipeline, &rec);
+            staged++;
+        }
+        bool read_on = ps == CES_POLL_RECORD && room > 0;
+        if ((staged > 0 || decoding) &&
+            (pst = ces_pipeline_add_staged(pipeline, ces_now_ms(), read_on, err, sizeof(err))) !=
+                CES_PIPELINE_OK)
+            break;
         if (ps == CES_POLL_FATAL) {
             pst = CES_PIPELINE_FATAL;
             break;
         }
-        if (ps == CES_POLL_RECORD) {
-            if ((pst = ces_pipeline_add(pipeline, &rec, ces_now_ms(), err, sizeof(err))) !=
-                CES_PIPELINE_OK)
-                break;
+        if (ps == CES_POLL_RECORD)
             continue;
-        }
         if (ps == CES_POLL_EOF)
             ces_pipeline_partition_eof(pipeline, rec.topic, rec.partition, rec.offset);
         bool proceed = ces_pipeline_ready(pipeline);
@@ -526,7 +560,7 @@ static int run_daemon(const char *path) {
             if (proceed &&
                 (pst = ces_pipeline_complete(pipeline, err, sizeof(err))) != CES_PIPELINE_OK)
                 break;
-        } else if (ps == CES_POLL_IDLE && now - last_pg_check >= PG_CHECK_MS) {
+        } else if (ps == CES_POLL_IDLE && staged == 0 && now - last_pg_check >= PG_CHECK_MS) {
             /* Idle: notice a PostgreSQL that went away (or came back) for /readyz. */
             ces_apply_check(apply);
             last_pg_check = now;
@@ -544,6 +578,8 @@ static int run_daemon(const char *path) {
     if (stop_requested) {
         ces_notify("STOPPING=1");
         ces_log_info("stopping: applying what is complete, then leaving the consumer group");
+        if (pst == CES_PIPELINE_OK && ces_pipeline_has_staged(pipeline))
+            pst = ces_pipeline_add_staged(pipeline, ces_now_ms(), false, err, sizeof(err));
         if (pst == CES_PIPELINE_OK)
             pst = ces_pipeline_flush(pipeline, err, sizeof(err));
         if (pst == CES_PIPELINE_INTERRUPTED) {
@@ -560,6 +596,8 @@ static int run_daemon(const char *path) {
         rc = 0;
     }
 done:
+    if (pipeline != NULL)
+        ces_pipeline_drop_staged(pipeline); /* librdkafka's messages, before librdkafka goes */
     ces_consumer_destroy(consumer);
     if (pipeline != NULL) {
         ces_pipeline_stats_t stats;

@@ -9,6 +9,36 @@
 #include "log.h"
 #include "map.h"
 #include "order.h"
+#include "team.h"
+
+/*
+ * A record on its way in. ces_pipeline_stage keeps it; the team decodes it (prepare: any thread,
+ * touching only the record's own slot and the worker's decoder); then it is taken in, in order, on
+ * the pipeline's thread (take).
+ */
+typedef struct {
+    ces_record_t rec;
+    ces_arena_t *arena; /* decoding arena: owned by the slot until taken */
+    const void *raw;    /* the record's copy in arena */
+    bool nomem;
+    ces_decode_status_t envelope_status;
+    ces_envelope_t env;
+    bool whole;                          /* the envelope says the record is a whole event */
+    ces_decode_status_t event_status;    /* whole: of its Data */
+    ces_event_t event;                   /* decoded: in arena */
+    char reason[512];
+} staged_t;
+
+/* Records staged before they are decoded together: enough to share among a few threads, few
+ * enough that the batch and the held events do not grow much past their limits meanwhile. */
+#define STAGE_RECORDS 32
+#define STAGE_BYTES (256u << 10)
+
+typedef struct {
+    staged_t items[STAGE_RECORDS];
+    size_t count;
+    size_t bytes;
+} stage_t;
 
 /* What the pipeline knows of one partition. */
 typedef struct {
@@ -45,9 +75,18 @@ struct ces_pipeline_s {
     int64_t in_flight_started_ms;
     bool in_flight_commits; /* false: a part of the streamed transaction */
     unsigned adds; /* records added: every few, libpq is given the chance to send more */
-    /* The arena the last whole event was decoded in, emptied: the next record is decoded in it
-     * (a record's JSON trees need several blocks, which would be malloc'ed and freed each time). */
-    ces_arena_t *spare;
+    /* Two stages: while the helpers decode one, the pipeline's thread takes in the other. */
+    stage_t stages[2];
+    stage_t *filling;  /* takes ces_pipeline_stage's records */
+    stage_t *decoding; /* handed to the team and not taken in yet; NULL: none */
+    /* Arenas whole events were decoded in, emptied: the next records are decoded in them (a
+     * record's JSON trees need several blocks, which would be malloc'ed and freed each time). */
+    ces_arena_t *spares[STAGE_RECORDS];
+    size_t nspares;
+    /* Decoding threads besides the caller's, each with a decoder of its own. */
+    ces_team_t *team;
+    ces_decoder_t **helper_decoders;
+    size_t nhelpers;
     ces_pipeline_stats_t stats;
     /* A source transaction too large for memory is streamed into one open PostgreSQL transaction. */
     bool streaming;
@@ -77,6 +116,7 @@ ces_pipeline_t *ces_pipeline_new(const ces_pipeline_options_t *options, ces_deco
     p->options = *options;
     p->decoder = decoder;
     p->apply = apply;
+    p->filling = &p->stages[0];
     p->reasm = ces_reasm_new(&options->reasm);
     p->partitions = ces_map_new();
     if (options->ordering == CES_ORDER_BY_TRANSACTION)
@@ -86,7 +126,60 @@ ces_pipeline_t *ces_pipeline_new(const ces_pipeline_options_t *options, ces_deco
         ces_pipeline_destroy(p);
         return NULL;
     }
+    if (options->decode_threads > 1) {
+        size_t n = options->decode_threads - 1;
+        p->helper_decoders = calloc(n, sizeof(*p->helper_decoders));
+        if (p->helper_decoders == NULL) {
+            ces_pipeline_destroy(p);
+            return NULL;
+        }
+        for (; p->nhelpers < n; p->nhelpers++) {
+            p->helper_decoders[p->nhelpers] = ces_decoder_new(ces_decoder_limits(decoder));
+            if (p->helper_decoders[p->nhelpers] == NULL) {
+                ces_pipeline_destroy(p);
+                return NULL;
+            }
+        }
+        p->team = ces_team_new((void *const *)p->helper_decoders, n);
+        if (p->team == NULL) {
+            ces_pipeline_destroy(p);
+            return NULL;
+        }
+    }
     return p;
+}
+
+/* Releases the records of a stage from item from on, undecoded or decoded (not while the team
+ * works on it). */
+static void unstage(stage_t *stage, size_t from) {
+    for (size_t i = from; i < stage->count; i++) {
+        staged_t *s = &stage->items[i];
+        ces_consumer_release(s->rec.handle);
+        ces_arena_destroy(s->arena);
+        s->arena = NULL;
+    }
+    stage->count = 0;
+    stage->bytes = 0;
+}
+
+static void prepare(void *worker, void *job, size_t item);
+
+/* The stage the team decodes, complete (this thread doing what is left), or NULL. */
+static stage_t *finish_decoding(ces_pipeline_t *p) {
+    stage_t *stage = p->decoding;
+    if (stage != NULL)
+        ces_team_finish(p->team, prepare, stage, p->decoder, stage->count);
+    p->decoding = NULL;
+    return stage;
+}
+
+/* Records read but not taken in are dropped: after a seek back, or a failure, they are read
+ * again. */
+void ces_pipeline_drop_staged(ces_pipeline_t *p) {
+    stage_t *decoded = finish_decoding(p);
+    if (decoded != NULL)
+        unstage(decoded, 0);
+    unstage(p->filling, 0);
 }
 
 void ces_pipeline_destroy(ces_pipeline_t *p) {
@@ -101,7 +194,13 @@ void ces_pipeline_destroy(ces_pipeline_t *p) {
     if (p->partitions != NULL)
         ces_map_clear(p->partitions, partition_free, NULL);
     ces_map_destroy(p->partitions);
-    ces_arena_destroy(p->spare);
+    ces_pipeline_drop_staged(p);
+    for (size_t i = 0; i < p->nspares; i++)
+        ces_arena_destroy(p->spares[i]);
+    ces_team_destroy(p->team);
+    for (size_t i = 0; i < p->nhelpers; i++)
+        ces_decoder_destroy(p->helper_decoders[i]);
+    free(p->helper_decoders);
     free(p);
 }
 
@@ -341,24 +440,49 @@ static ces_pipeline_status_t handle_reasm(ces_pipeline_t *p, ces_reasm_status_t 
     return CES_PIPELINE_FATAL;
 }
 
-ces_pipeline_status_t ces_pipeline_add(ces_pipeline_t *p, const ces_record_t *rec, int64_t now_ms,
-                                       char *errstr, size_t errstr_size) {
-    /* The record is copied and librdkafka's message released at once: a held message keeps the
-     * buffer of its whole fetch alive. (Measured on bench/run insert, this alone did not change
-     * peak RSS, which librdkafka's prefetch dominates; it removes the dependence on it.) The
-     * decoded tree and strings take about as much again as the record. */
+/*
+ * Decodes a staged record as far as it goes without the pipeline's state: its envelope and, for a
+ * whole event, its Data, into the compact copy it will be held as. Runs on any thread of the team,
+ * with that thread's decoder (worker).
+ */
+static void prepare(void *worker, void *job, size_t item) {
+    ces_decoder_t *decoder = worker;
+    staged_t *s = &((stage_t *)job)->items[item];
+    const ces_record_t *rec = &s->rec;
+    /* The record is copied: librdkafka's message is released when the record is taken in. (A
+     * held message keeps the buffer of its whole fetch alive. Measured on bench/run insert,
+     * this alone did not change peak RSS, which librdkafka's prefetch dominates; it removes the
+     * dependence on it.) The decoded tree and strings take about as much again as the record. */
+    if (s->arena == NULL)
+        s->arena = ces_arena_new_sized(rec->len * 2 + 512);
+    s->raw = s->arena != NULL ? ces_arena_strndup(s->arena, rec->value, rec->len) : NULL;
+    if (s->raw == NULL) {
+        s->nomem = true;
+        return;
+    }
+    s->envelope_status = ces_decode_envelope(decoder, s->arena, s->raw, rec->len, &s->env,
+                                             s->reason, sizeof(s->reason));
+    s->whole = s->envelope_status == CES_DECODE_OK && is_whole(&s->env);
+    if (!s->whole)
+        return;
+    /* The data string is the arena's copy, read only here: decoded in place (see take for the
+     * record that turns out to be a segment after all). */
+    s->event_status = ces_decode_event_in_place(decoder, s->arena, &s->env, (char *)s->env.data,
+                                                s->env.data_len, &s->event, s->reason,
+                                                sizeof(s->reason));
+}
+
+/* Takes in a prepared record, in order, on the pipeline's thread. */
+static ces_pipeline_status_t take(ces_pipeline_t *p, staged_t *s, int64_t now_ms, char *errstr,
+                                  size_t errstr_size) {
+    const ces_record_t *rec = &s->rec;
+    ces_arena_t *arena = s->arena;
+    s->arena = NULL;
+    ces_consumer_release(rec->handle);
     if (p->flying && (++p->adds & 15) == 0)
         ces_apply_progress(p->apply);
-    ces_arena_t *arena = p->spare != NULL ? p->spare : ces_arena_new_sized(rec->len * 2 + 512);
-    p->spare = NULL;
-    if (arena == NULL) {
-        ces_consumer_release(rec->handle);
-        snprintf(errstr, errstr_size, "out of memory");
-        return CES_PIPELINE_FATAL;
-    }
-    const void *raw = ces_arena_strndup(arena, rec->value, rec->len);
-    ces_consumer_release(rec->handle);
-    if (raw == NULL)
+    const void *raw = s->raw;
+    if (s->nomem)
         goto nomem;
     ces_source_t source = {.topic = NULL, .partition = rec->partition, .offset = rec->offset};
     partition_t *part = partition_get(p, rec->topic, rec->partition, true);
@@ -376,52 +500,49 @@ ces_pipeline_status_t ces_pipeline_add(ces_pipeline_t *p, const ces_record_t *re
     if (p->batch.count == 0)
         p->batch_started_ms = now_ms;
 
-    ces_envelope_t env;
-    char reason[512];
-    ces_decode_status_t st =
-        ces_decode_envelope(p->decoder, arena, raw, rec->len, &env, reason, sizeof(reason));
-    if (st == CES_DECODE_NOMEM)
+    ces_envelope_t env = s->env;
+    if (s->envelope_status == CES_DECODE_NOMEM)
         goto nomem;
-    if (st == CES_DECODE_REJECTED) {
-        if (add_dead_letter(p, &source, reason, NULL, raw, rec->len, arena) != 0)
+    if (s->envelope_status == CES_DECODE_REJECTED) {
+        if (add_dead_letter(p, &source, s->reason, NULL, raw, rec->len, arena) != 0)
             goto nomem_taken;
         return CES_PIPELINE_OK;
     }
-    if (is_whole(&env)) {
-        ces_event_t event;
-        /* The data string is the arena's copy, read only here: decoded in place (see below for
-         * the record that turns out to be a segment after all). */
-        st = ces_decode_event_in_place(p->decoder, arena, &env, (char *)env.data, env.data_len,
-                                       &event, reason, sizeof(reason));
-        if (st == CES_DECODE_OK) {
+    if (s->whole) {
+        if (s->event_status == CES_DECODE_OK) {
             /* Held, the event keeps only itself and its record: the decoding arena, JSON trees
-             * included, is several times their size. */
+             * included, is several times their size. (Made here, not by the decoding thread:
+             * memory is then allocated and freed by this thread alone.) */
             ces_arena_t *compact =
-                ces_arena_new_sized(ces_event_copy_size(&event) + rec->len + 16 + 64);
+                ces_arena_new_sized(ces_event_copy_size(&s->event) + rec->len + 16 + 64);
             ces_event_t held;
             const void *held_raw = compact ? ces_arena_strndup(compact, raw, rec->len) : NULL;
-            if (held_raw == NULL || ces_event_copy(&event, compact, &held) != 0) {
+            if (held_raw == NULL || ces_event_copy(&s->event, compact, &held) != 0) {
                 ces_arena_destroy(compact);
                 goto nomem;
             }
             ces_arena_reset(arena);
-            p->spare = arena;
+            if (p->nspares < STAGE_RECORDS)
+                p->spares[p->nspares++] = arena;
+            else
+                ces_arena_destroy(arena);
             if (add_event(p, &source, &held, held_raw, rec->len, compact, NULL, 0) != 0)
                 goto nomem_taken;
             return CES_PIPELINE_OK;
         }
-        if (st == CES_DECODE_NOMEM)
+        if (s->event_status == CES_DECODE_NOMEM)
             goto nomem;
         /* A current-generation record with index 1 and finalsegment may also be the last of two
          * 0-based segments: only then does its data fail to decode on its own. */
         if (env.legacy || env.index != 1 || env.data == NULL) {
-            if (add_dead_letter(p, &source, reason, env.logicalid, raw, rec->len, arena) != 0)
+            if (add_dead_letter(p, &source, s->reason, env.logicalid, raw, rec->len, arena) != 0)
                 goto nomem_taken;
             return CES_PIPELINE_OK;
         }
         /* Its data went to the failed decoding: the segment takes the envelope read again. */
         char again[512];
-        st = ces_decode_envelope(p->decoder, arena, raw, rec->len, &env, again, sizeof(again));
+        ces_decode_status_t st =
+            ces_decode_envelope(p->decoder, arena, raw, rec->len, &env, again, sizeof(again));
         if (st == CES_DECODE_NOMEM)
             goto nomem;
         if (st != CES_DECODE_OK) {
@@ -450,6 +571,7 @@ ces_pipeline_status_t ces_pipeline_add(ces_pipeline_t *p, const ces_record_t *re
         .arena = arena,
     };
     ces_reasm_group_t *group = NULL;
+    char reason[512];
     ces_reasm_status_t rs =
         ces_reasm_add(p->reasm, env.logicalid, &seg, now_ms, &group, reason, sizeof(reason));
     return handle_reasm(p, rs, group, reason, errstr, errstr_size);
@@ -458,6 +580,88 @@ nomem:
 nomem_taken:
     snprintf(errstr, errstr_size, "out of memory");
     return CES_PIPELINE_FATAL;
+}
+
+bool ces_pipeline_stage(ces_pipeline_t *p, const ces_record_t *rec) {
+    stage_t *stage = p->filling;
+    staged_t *s = &stage->items[stage->count++];
+    s->rec = *rec;
+    s->arena = p->nspares > 0 ? p->spares[--p->nspares] : NULL;
+    s->nomem = false;
+    s->whole = false;
+    stage->bytes += rec->len;
+    return stage->count == STAGE_RECORDS || stage->bytes >= STAGE_BYTES;
+}
+
+size_t ces_pipeline_stage_room(const ces_pipeline_t *p) {
+    size_t room = STAGE_RECORDS - p->filling->count;
+    if (p->options.ordering != CES_ORDER_BY_PARTITION)
+        return room;
+    size_t limits = p->flying ? 2 : 1;
+    size_t staged = p->filling->count, staged_bytes = p->filling->bytes;
+    if (p->decoding != NULL) {
+        staged += p->decoding->count;
+        staged_bytes += p->decoding->bytes;
+    }
+    size_t events = p->batch.count + staged, max_events = limits * p->options.batch_max_events;
+    if (events >= max_events)
+        return 0;
+    if (max_events - events < room)
+        room = max_events - events;
+    /* A held event takes about twice its record's bytes (its compact copy and the record). */
+    if (p->options.batch_max_bytes > 0 &&
+        p->batch.bytes + 2 * staged_bytes >= limits * p->options.batch_max_bytes)
+        return 0;
+    return room;
+}
+
+bool ces_pipeline_has_staged(const ces_pipeline_t *p) {
+    return p->decoding != NULL || p->filling->count > 0;
+}
+
+/* Takes in a decoded stage's records, in order. */
+static ces_pipeline_status_t take_stage(ces_pipeline_t *p, stage_t *stage, int64_t now_ms,
+                                        char *errstr, size_t errstr_size) {
+    for (size_t i = 0; i < stage->count; i++) {
+        ces_pipeline_status_t st = take(p, &stage->items[i], now_ms, errstr, errstr_size);
+        if (st != CES_PIPELINE_OK) {
+            unstage(stage, i + 1);
+            return st;
+        }
+    }
+    stage->count = 0;
+    stage->bytes = 0;
+    return CES_PIPELINE_OK;
+}
+
+ces_pipeline_status_t ces_pipeline_add_staged(ces_pipeline_t *p, int64_t now_ms, bool more_coming,
+                                              char *errstr, size_t errstr_size) {
+    stage_t *decoded = finish_decoding(p);
+    stage_t *next = p->filling;
+    if (more_coming && p->team != NULL && next->count > 0) {
+        /* The helpers decode the stage just filled while this thread takes in the one before
+         * and reads on: the pipeline's own work no longer leaves them idle. */
+        ces_team_start(p->team, prepare, next, next->count);
+        p->decoding = next;
+        p->filling = next == &p->stages[0] ? &p->stages[1] : &p->stages[0];
+        next = NULL;
+    } else {
+        ces_team_run(p->team, prepare, next, p->decoder, next->count);
+    }
+    ces_pipeline_status_t st = CES_PIPELINE_OK;
+    if (decoded != NULL)
+        st = take_stage(p, decoded, now_ms, errstr, errstr_size);
+    if (st == CES_PIPELINE_OK && next != NULL)
+        st = take_stage(p, next, now_ms, errstr, errstr_size);
+    if (st != CES_PIPELINE_OK)
+        ces_pipeline_drop_staged(p);
+    return st;
+}
+
+ces_pipeline_status_t ces_pipeline_add(ces_pipeline_t *p, const ces_record_t *rec, int64_t now_ms,
+                                       char *errstr, size_t errstr_size) {
+    ces_pipeline_stage(p, rec);
+    return ces_pipeline_add_staged(p, now_ms, false, errstr, errstr_size);
 }
 
 /* Is every partition we own past lsn (or caught up and quiet), so that no event of a transaction
@@ -995,6 +1199,8 @@ static void rewind_partition(void *value, void *arg) {
 
 static ces_pipeline_status_t rewind_all(ces_pipeline_t *p, char *errstr, size_t errstr_size) {
     char why[256];
+    /* Records read ahead are read again from the positions below. */
+    ces_pipeline_drop_staged(p);
     /* Whether it commits or not, the positions read below account for it. */
     if (p->flying && land_in_flight(p, why, sizeof(why)) != CES_APPLY_OK)
         ces_log_debug("the batch in flight was not applied: %s", why);
@@ -1021,12 +1227,26 @@ static ces_pipeline_status_t rewind_all(ces_pipeline_t *p, char *errstr, size_t 
     return CES_PIPELINE_OK;
 }
 
+/* Records staged before a rebalance were read while the assignment was the old one: they are taken
+ * in under it, as if each had been added when it was read. */
+static int take_staged_before_rebalance(ces_pipeline_t *p) {
+    char err[512];
+    if (ces_pipeline_has_staged(p) &&
+        ces_pipeline_add_staged(p, ces_now_ms(), false, err, sizeof(err)) != CES_PIPELINE_OK) {
+        ces_log_error("taking in the records read before a rebalance: %s", err);
+        return -1;
+    }
+    return 0;
+}
+
 int ces_pipeline_on_assigned(void *opaque, const char *topic, const int32_t *partitions, size_t n,
                              int64_t *offsets) {
     ces_pipeline_t *p = opaque;
     char err[512];
     for (size_t i = 0; i < n; i++)
         offsets[i] = -1;
+    if (take_staged_before_rebalance(p) != 0)
+        return -1;
     /* The connection is needed below: finish the batch in flight first. */
     if (ces_pipeline_complete(p, err, sizeof(err)) == CES_PIPELINE_FATAL) {
         ces_log_error("committing before an assignment: %s", err);
@@ -1066,6 +1286,8 @@ int ces_pipeline_on_assigned(void *opaque, const char *topic, const int32_t *par
 int ces_pipeline_on_revoked(void *opaque, const char *topic, const int32_t *partitions, size_t n) {
     ces_pipeline_t *p = opaque;
     char err[512];
+    if (take_staged_before_rebalance(p) != 0)
+        return -1;
     /* Commit what is complete while the partitions are still ours (the fence refuses it if they
      * are not), then forget them. Segments waiting for reassembly are dropped: the positions stored
      * never passed them, so whoever owns the partitions next reads them again. */

@@ -35,6 +35,7 @@ typedef struct {
     size_t dedup_window;       /* committed positions remembered to spot duplicates */
     size_t max_pending_events; /* events held for ordering before partitions are paused */
     size_t max_pending_bytes;  /* the same in bytes of their memory; 0: no limit */
+    size_t decode_threads;     /* threads that decode staged records, the caller's included */
     /* Globs on "schema.table" of the source (references): events of a table that matches no
      * include (when there are some) or any exclude are skipped and counted. */
     const char *const *include;
@@ -83,12 +84,38 @@ void ces_pipeline_destroy(ces_pipeline_t *pipeline);
 void ces_pipeline_set_consumer(ces_pipeline_t *pipeline, ces_consumer_t *consumer);
 
 /*
- * Takes one record. The pipeline copies the record's bytes and, with a handle, releases the handle
- * through the consumer before returning, whatever the status: the caller must not use the handle
- * (or the value it points into) afterwards. Held work never keeps a librdkafka message alive.
+ * Takes one record (with nothing staged). The pipeline copies the record's bytes and, with a
+ * handle, releases the handle through the consumer before returning, whatever the status: the
+ * caller must not use the handle (or the value it points into) afterwards. Held work never keeps
+ * a librdkafka message alive.
  */
 ces_pipeline_status_t ces_pipeline_add(ces_pipeline_t *pipeline, const ces_record_t *record,
                                        int64_t now_ms, char *errstr, size_t errstr_size);
+
+/*
+ * The same for several records read in a row, decoded by options.decode_threads threads at once.
+ * ces_pipeline_stage keeps a record (its handle and value stay the caller's to leave alone, as
+ * above) and returns true when the stage is full: it must not be called again before
+ * ces_pipeline_add_staged. That takes the staged records in, in order, as ces_pipeline_add would
+ * one by one, and releases every handle whatever the status. With more_coming (the stage filled
+ * and more records wait to be read), the records just staged are decoded by the other threads
+ * while this one goes on, and are taken in by the next ces_pipeline_add_staged: until then they
+ * count as not yet read (a seek back drops them, to be read again). Without it, every staged
+ * record is taken in before it returns. A rebalance callback that the consumer runs takes every
+ * staged record in first.
+ */
+bool ces_pipeline_stage(ces_pipeline_t *pipeline, const ces_record_t *record);
+/* How many records may be staged now (0 .. the stage's free slots). In partition mode each record
+ * may become an item of the batch being read, which stays within its limits (twice them while a
+ * batch is in flight: see ces_pipeline_ready); 0 then means: take the staged records in and send.
+ * In transaction mode, held events are bounded by pausing partitions instead. */
+size_t ces_pipeline_stage_room(const ces_pipeline_t *pipeline);
+/* True while records are staged or decoding, not yet taken in. */
+bool ces_pipeline_has_staged(const ces_pipeline_t *pipeline);
+/* Releases the records staged and not taken in (they are read again after a restart). */
+void ces_pipeline_drop_staged(ces_pipeline_t *pipeline);
+ces_pipeline_status_t ces_pipeline_add_staged(ces_pipeline_t *pipeline, int64_t now_ms,
+                                              bool more_coming, char *errstr, size_t errstr_size);
 
 /* A partition reached the end of what the broker holds (it is caught up), at eof_offset. */
 void ces_pipeline_partition_eof(ces_pipeline_t *pipeline, const char *topic, int32_t partition,

@@ -575,7 +575,7 @@ def _cfg_str(value):
 def make_config(db=None, broker=None, group="ces2pg-test", topics=("ces",),
                 properties=None, batch_max_events=None, batch_max_ms=50,
                 log_level="info", extra_config="", conninfo=None,
-                kafka_extra=(), apply_extra=(), http_listen=""):
+                kafka_extra=(), apply_extra=(), http_listen="", decode_threads=2):
     """Returns the text of a ces2pg config file.
 
     apply_extra: more lines of the apply section, e.g.
@@ -586,9 +586,12 @@ def make_config(db=None, broker=None, group="ces2pg-test", topics=("ces",),
     of the kafka section, e.g. 'ssl_ca_file = "/path";' (with broker=None,
     no brokers line: Event Hubs mode derives it). http_listen: the
     http.listen value (default "": no HTTP server, so that daemons do not
-    compete for the default port; None leaves the key out). extra_config is appended
-    verbatim; it must not repeat a section written here (libconfig rejects
-    duplicates): use the keyword arguments for those.
+    compete for the default port; None leaves the key out). decode_threads: the
+    decode.threads value (default 2, so that the daemon's decoding thread and the records
+    it decodes ahead are exercised on every machine, where the default would give one
+    thread on two CPUs; None leaves the key out). extra_config is appended verbatim; it
+    must not repeat a section written here (libconfig rejects duplicates): use the keyword
+    arguments for those, or put decode.threads in your own decode section.
     """
     if isinstance(topics, str):
         topics = (topics,)
@@ -624,6 +627,8 @@ def make_config(db=None, broker=None, group="ces2pg-test", topics=("ces",),
         lines += [f"log = {{ level = {_cfg_str(log_level)}; }};"]
     if http_listen is not None:
         lines += [f"http = {{ listen = {_cfg_str(http_listen)}; }};"]
+    if decode_threads is not None and "decode = {" not in extra_config:
+        lines += [f"decode = {{ threads = {int(decode_threads)}; }};"]
     text = "\n".join(lines) + "\n"
     if extra_config:
         text += extra_config.rstrip("\n") + "\n"

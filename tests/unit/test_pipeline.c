@@ -25,17 +25,19 @@ static int teardown(void **state) {
     return 0;
 }
 
-static ces_pipeline_t *new_pipeline_sized(size_t batch_max_bytes) {
+static ces_pipeline_t *new_pipeline_with(size_t batch_max_bytes, ces_ordering_t ordering,
+                                         size_t decode_threads) {
     ces_pipeline_options_t o = {
         .batch_max_events = 1000,
         .batch_max_bytes = batch_max_bytes,
         .batch_max_ms = 100,
         .store_offsets = true,
         .reasm = {1 << 20, 100, 5000},
-        .ordering = CES_ORDER_BY_TRANSACTION,
+        .ordering = ordering,
         .reorder_window_ms = WINDOW,
         .dedup_window = 100,
         .max_pending_events = 0,
+        .decode_threads = decode_threads,
     };
     ces_pipeline_t *p = ces_pipeline_new(&o, decoder, NULL);
     assert_non_null(p);
@@ -45,12 +47,15 @@ static ces_pipeline_t *new_pipeline_sized(size_t batch_max_bytes) {
     return p;
 }
 
+static ces_pipeline_t *new_pipeline_sized(size_t batch_max_bytes) {
+    return new_pipeline_with(batch_max_bytes, CES_ORDER_BY_TRANSACTION, 1);
+}
+
 static ces_pipeline_t *new_pipeline(void) { return new_pipeline_sized(0); }
 
-/* Feeds one INS of table T, key key, at commit LSN 1:block:1 with sequence seq. */
-static void feed(ces_pipeline_t *p, int32_t partition, int64_t offset, unsigned block,
-                 unsigned seq, int key, int64_t now) {
-    char data[512], rec[2048];
+/* The record of one INS of table T, key key, at commit LSN 1:block:1 with sequence seq. */
+static void make_record(char *rec, size_t size, unsigned block, unsigned seq, int key) {
+    char data[512];
     snprintf(data, sizeof(data),
              "{\\\"eventsource\\\":{\\\"db\\\":\\\"d\\\",\\\"schema\\\":\\\"s\\\",\\\"tbl\\\":"
              "\\\"T\\\",\\\"cols\\\":[{\\\"name\\\":\\\"k\\\",\\\"type\\\":\\\"int\\\","
@@ -59,11 +64,18 @@ static void feed(ces_pipeline_t *p, int32_t partition, int64_t offset, unsigned 
              "\\\"sequencenumber\\\":%u}},\\\"eventrow\\\":{\\\"old\\\":\\\"{}\\\","
              "\\\"current\\\":\\\"{\\\\\\\"k\\\\\\\":\\\\\\\"%d\\\\\\\"}\\\"}}",
              key, block, seq, key);
-    snprintf(rec, sizeof(rec),
+    snprintf(rec, size,
              "{\"specversion\":\"1.0\",\"type\":\"com.microsoft.SQL.CES.DML.V1\",\"id\":\"i\","
              "\"logicalid\":\"u:00000001%08X0001:%020u\",\"operation\":\"INS\","
              "\"segmentindex\":1,\"finalsegment\":true,\"data\":\"%s\"}",
              block, seq, data);
+}
+
+/* Feeds one INS of table T, key key, at commit LSN 1:block:1 with sequence seq. */
+static void feed(ces_pipeline_t *p, int32_t partition, int64_t offset, unsigned block,
+                 unsigned seq, int key, int64_t now) {
+    char rec[2048];
+    make_record(rec, sizeof(rec), block, seq, key);
     ces_record_t r = {.topic = "ces", .partition = partition, .offset = offset, .value = rec,
                       .len = strlen(rec)};
     char err[256];
@@ -296,6 +308,143 @@ static void last_of_two_zero_based_segments(void **state) {
     }
 }
 
+/* The i-th record of a stream that mixes whole events with records to dead-letter (not JSON, an
+ * unknown event type) and the two 0-based segments of one event, the second of which looks whole. */
+static size_t mixed_record(size_t i, char *rec, size_t size) {
+    static const char data[] =
+        "{\"eventsource\":{\"db\":\"d\",\"schema\":\"s\",\"tbl\":\"T\",\"cols\":[{\"name\":"
+        "\"k\",\"type\":\"int\",\"index\":0}],\"pkkey\":[{\"columnname\":\"k\",\"value\":"
+        "\"4242\"}],\"transaction\":{\"commitlsn\":\"00000002:0000002A:0001\","
+        "\"sequencenumber\":1}},\"eventrow\":{\"old\":\"{}\",\"current\":"
+        "\"{\\\"k\\\":\\\"4242\\\"}\"}}";
+    if (i == 50 || i == 51) {
+        const char *split = strstr(data, "\"schema\"");
+        char part[512], escaped[1024];
+        snprintf(part, sizeof(part), "%.*s", i == 50 ? (int)(split - data) : (int)strlen(split),
+                 i == 50 ? data : split);
+        escape_json(part, escaped, sizeof(escaped));
+        snprintf(rec, size,
+                 "{\"specversion\":\"1.0\",\"type\":\"com.microsoft.SQL.CES.DML.V1\","
+                 "\"id\":\"i\",\"logicalid\":\"u:000000020000002A0001:00000000000000000001\","
+                 "\"operation\":\"INS\",\"segmentindex\":%d,\"finalsegment\":%s,"
+                 "\"data\":\"%s\"}",
+                 (int)(i - 50), i == 51 ? "true" : "false", escaped);
+    } else if (i % 10 == 3) {
+        snprintf(rec, size, "not JSON, record %zu", i);
+    } else if (i % 10 == 7) {
+        make_record(rec, size, (unsigned)i + 1, 1, (int)i);
+        char *v1 = strstr(rec, "DML.V1");
+        assert_non_null(v1);
+        v1[5] = '9';
+    } else {
+        make_record(rec, size, (unsigned)i + 1, 1, (int)i);
+    }
+    return strlen(rec);
+}
+
+/*
+ * Records staged and decoded by several threads at once end up as the same items, in the same
+ * order, as the same records added one by one on one thread.
+ */
+static void staged_records_decode_alike(void **state) {
+    (void)state;
+    enum { N = 100 };
+    static char recs[N][2048];
+    ces_pipeline_t *one = new_pipeline_with(0, CES_ORDER_BY_PARTITION, 1);
+    ces_pipeline_t *many = new_pipeline_with(0, CES_ORDER_BY_PARTITION, 4);
+    char err[256];
+    size_t staged = 0;
+    for (size_t i = 0; i < N; i++) {
+        ces_record_t r = {.topic = "ces", .partition = (int32_t)(i % 2), .offset = (int64_t)i,
+                          .value = recs[i]};
+        r.len = mixed_record(i, recs[i], sizeof(recs[i]));
+        assert_int_equal(ces_pipeline_add(one, &r, 0, err, sizeof(err)), CES_PIPELINE_OK);
+        staged++;
+        if (ces_pipeline_stage(many, &r)) {
+            assert_int_equal(staged, 32); /* short records: the stage fills by count */
+            assert_int_equal(ces_pipeline_add_staged(many, 0, true, err, sizeof(err)),
+                             CES_PIPELINE_OK);
+            staged = 0;
+        }
+    }
+    assert_int_equal(ces_pipeline_add_staged(many, 0, false, err, sizeof(err)), CES_PIPELINE_OK);
+    tick(one, 0);
+    tick(many, 0);
+    /* 78 whole events, 10 + 10 dead letters, one event of two segments. */
+    assert_int_equal(ces_pipeline_batch_events(one), 78 + 20 + 1);
+    assert_int_equal(ces_pipeline_batch_events(many), ces_pipeline_batch_events(one));
+    size_t dead = 0, joined = 0;
+    for (size_t i = 0; i < ces_pipeline_batch_events(one); i++) {
+        const ces_item_t *a = ces_pipeline_batch_item(one, i), *b = ces_pipeline_batch_item(many, i);
+        assert_int_equal(a->kind, b->kind);
+        assert_int_equal(a->source.partition, b->source.partition);
+        assert_int_equal(a->source.offset, b->source.offset);
+        assert_int_equal(a->nmore_sources, b->nmore_sources);
+        if (a->kind == CES_ITEM_DEAD_LETTER) {
+            dead++;
+            assert_string_equal(a->reason, b->reason);
+            assert_memory_equal(a->raw, b->raw, a->raw_len);
+            continue;
+        }
+        joined += a->nmore_sources;
+        assert_string_equal(a->event.table, b->event.table);
+        assert_true(ces_position_compare(&a->event.position, &b->event.position) == 0);
+        assert_int_equal(a->event.ncurrent, 1);
+        assert_string_equal(a->event.current[0].value, b->event.current[0].value);
+    }
+    assert_int_equal(dead, 20);
+    assert_int_equal(joined, 1);
+    ces_pipeline_destroy(one);
+    ces_pipeline_destroy(many);
+}
+
+/* In partition mode no more records are staged than the batch being read has room for. */
+static void stage_room_follows_the_batch(void **state) {
+    (void)state;
+    ces_pipeline_options_t o = {
+        .batch_max_events = 10,
+        .batch_max_ms = 100,
+        .store_offsets = true,
+        .reasm = {1 << 20, 100, 5000},
+        .ordering = CES_ORDER_BY_PARTITION,
+        .dedup_window = 100,
+        .decode_threads = 2,
+    };
+    ces_pipeline_t *p = ces_pipeline_new(&o, decoder, NULL);
+    assert_non_null(p);
+    int32_t parts[1] = {0};
+    int64_t offsets[1];
+    assert_int_equal(ces_pipeline_on_assigned(p, "ces", parts, 1, offsets), 0);
+    assert_int_equal(ces_pipeline_stage_room(p), 10);
+    static char recs[10][2048];
+    char err[256];
+    for (int i = 0; i < 4; i++) {
+        ces_record_t r = {.topic = "ces", .partition = 0, .offset = i, .value = recs[i]};
+        make_record(recs[i], sizeof(recs[i]), (unsigned)i + 1, 1, i);
+        r.len = strlen(recs[i]);
+        assert_false(ces_pipeline_stage(p, &r));
+    }
+    assert_int_equal(ces_pipeline_stage_room(p), 6);
+    /* Decoded ahead, not taken in yet: they still count. */
+    assert_int_equal(ces_pipeline_add_staged(p, 0, true, err, sizeof(err)), CES_PIPELINE_OK);
+    assert_true(ces_pipeline_has_staged(p));
+    assert_int_equal(ces_pipeline_batch_events(p), 0);
+    assert_int_equal(ces_pipeline_stage_room(p), 6);
+    for (int i = 4; i < 10; i++) {
+        ces_record_t r = {.topic = "ces", .partition = 0, .offset = i, .value = recs[i]};
+        make_record(recs[i], sizeof(recs[i]), (unsigned)i + 1, 1, i);
+        r.len = strlen(recs[i]);
+        ces_pipeline_stage(p, &r);
+    }
+    assert_int_equal(ces_pipeline_stage_room(p), 0);
+    assert_int_equal(ces_pipeline_add_staged(p, 0, false, err, sizeof(err)), CES_PIPELINE_OK);
+    assert_false(ces_pipeline_has_staged(p));
+    assert_int_equal(ces_pipeline_batch_events(p), 10);
+    assert_int_equal(ces_pipeline_stage_room(p), 0);
+    assert_true(ces_pipeline_due(p, 0));
+    ces_pipeline_destroy(p);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(interleaved_across_partitions),
@@ -305,6 +454,8 @@ int main(void) {
         cmocka_unit_test(open_batch_settles_after_5_ms),
         cmocka_unit_test(batch_full_by_bytes),
         cmocka_unit_test(last_of_two_zero_based_segments),
+        cmocka_unit_test(staged_records_decode_alike),
+        cmocka_unit_test(stage_room_follows_the_batch),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

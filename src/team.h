@@ -1,0 +1,45 @@
+/*
+ * team: the calling thread and a few helper threads working through one job's items together.
+ *
+ * Decoding is most of ces2pg's CPU, and each record decodes on its own. A job is a number of items
+ * that the caller and the helpers claim one at a time, so a helper that the scheduler keeps off
+ * the CPU (PostgreSQL and the broker share the machine) only takes fewer items: the caller never
+ * waits for more than the items a helper is in the middle of. ces_team_run returns when every
+ * item is done, so what follows it sees every item's result (the team's locks order the memory).
+ *
+ * Helpers block every signal: handlers run in the threads that had them before.
+ */
+#ifndef CES_TEAM_H
+#define CES_TEAM_H
+
+#include <stddef.h>
+
+typedef struct ces_team_s ces_team_t;
+
+/* Does item `item` of job with the worker's own context (the caller's or one helper's). */
+typedef void (*ces_team_fn)(void *worker, void *job, size_t item);
+
+/*
+ * Starts helpers threads, helper i working with workers[i] (references, which must outlive the
+ * team). Returns NULL when a thread or memory cannot be had; then the caller works alone.
+ */
+ces_team_t *ces_team_new(void *const *workers, size_t helpers);
+/* Stops and joins the helpers. Accepts NULL. Not while a job runs. */
+void ces_team_destroy(ces_team_t *team);
+
+/*
+ * Runs fn for every item in [0, n): the caller with its context caller, the helpers with theirs,
+ * each item once. team may be NULL: the caller does every item. Returns when all are done.
+ */
+void ces_team_run(ces_team_t *team, ces_team_fn fn, void *job, void *caller, size_t n);
+
+/*
+ * The same in two steps, so that the caller can do something else while the helpers start on the
+ * items: ces_team_start hands the job to the helpers and returns at once; ces_team_finish (with
+ * the same fn, job and n) has the caller do the items nobody has claimed yet and returns when all
+ * are done. Every start is followed by its finish before the next start or run.
+ */
+void ces_team_start(ces_team_t *team, ces_team_fn fn, void *job, size_t n);
+void ces_team_finish(ces_team_t *team, ces_team_fn fn, void *job, void *caller, size_t n);
+
+#endif
