@@ -449,6 +449,8 @@ static int run_daemon(const char *path) {
         goto done;
     }
     ces_log_info("ces2pg %s starting with %s", CES2PG_VERSION, path);
+    ces_log_info("decoding records on %zu thread(s) (decode.threads = %lld)", popts.decode_threads,
+                 (long long)config->decode_threads);
     ces_metrics_heartbeat(d.metrics, ces_now_ms());
     if (set_http(&d, config->http_listen) != 0)
         goto done;

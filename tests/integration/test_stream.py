@@ -25,6 +25,8 @@ def test_stream_10k_events_4_partitions(tmp_path, db, broker, ces2pg):
     assert len(set(parts)) >= 2, "the stream should use several partitions"
 
     daemon = ces2pg(db, b, group=GROUP)
+    # The harness's default: records decoded ahead by a second thread.
+    daemon.wait_log(r"decoding records on 2 thread\(s\) \(decode\.threads = 2\)")
     # Produced while the daemon joins and applies, at its pace (the mock
     # keeps only 5 MiB per partition).
     producer = PacedProducer(b, db, GROUP, "ces", records, parts).start()
