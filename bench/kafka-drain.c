@@ -122,16 +122,21 @@ static const yajl_callbacks image_callbacks = {
     .yajl_number = floor_ignore_number,
 };
 
-static int data_string(void *ctx, const unsigned char *s, size_t len) {
+/* The string just read, when its key named the next layer, is parsed as that layer. */
+static int inner_layer(void *ctx, const yajl_callbacks *cb, const unsigned char *s, size_t len) {
     floor_t *f = ctx;
     if (f->key && len > 0) {
         floor_t inner = {.alloc = f->alloc};
-        floor_parse(&inner, &image_callbacks, s, len);
+        floor_parse(&inner, cb, s, len);
         f->layers += inner.layers;
         f->broken += inner.broken;
     }
     f->key = 0;
     return 1;
+}
+
+static int data_string(void *ctx, const unsigned char *s, size_t len) {
+    return inner_layer(ctx, &image_callbacks, s, len);
 }
 
 static const yajl_callbacks data_callbacks = {
@@ -141,15 +146,7 @@ static const yajl_callbacks data_callbacks = {
 };
 
 static int envelope_string(void *ctx, const unsigned char *s, size_t len) {
-    floor_t *f = ctx;
-    if (f->key) {
-        floor_t inner = {.alloc = f->alloc};
-        floor_parse(&inner, &data_callbacks, s, len);
-        f->layers += inner.layers;
-        f->broken += inner.broken;
-    }
-    f->key = 0;
-    return 1;
+    return inner_layer(ctx, &data_callbacks, s, len);
 }
 
 static const yajl_callbacks envelope_callbacks = {
