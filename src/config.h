@@ -70,7 +70,7 @@ typedef struct {
     int64_t decode_max_depth;
     int64_t decode_max_columns;
     int64_t decode_max_value_bytes;
-    int64_t decode_threads; /* 0: one per CPU this process may run on, at most 4 */
+    int64_t decode_threads; /* 0: one per two CPUs this process may run on, 1..4 */
 
     int64_t reassembly_max_bytes;
     int64_t reassembly_max_segments;

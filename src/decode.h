@@ -63,8 +63,8 @@ typedef struct {
 
 typedef struct ces_decoder_s ces_decoder_t;
 
-/* Returns a decoder that applies a copy of limits, or NULL when out of memory. Owned by the caller. */
-/* A decoder serves one thread at a time: each decoding thread has its own. */
+/* Returns a decoder that applies a copy of limits, or NULL when out of memory. Owned by the caller.
+ * A decoder serves one thread at a time: each decoding thread has its own. */
 ces_decoder_t *ces_decoder_new(const ces_decode_limits_t *limits);
 /* The limits it was made with (owned by the decoder). */
 const ces_decode_limits_t *ces_decoder_limits(const ces_decoder_t *decoder);

@@ -442,8 +442,8 @@ static ces_pipeline_status_t handle_reasm(ces_pipeline_t *p, ces_reasm_status_t 
 
 /*
  * Decodes a staged record as far as it goes without the pipeline's state: its envelope and, for a
- * whole event, its Data, into the compact copy it will be held as. Runs on any thread of the team,
- * with that thread's decoder (worker).
+ * whole event, its Data, in the slot's arena (take makes the compact copy the event is held as).
+ * Runs on any thread of the team, with that thread's decoder (worker).
  */
 static void prepare(void *worker, void *job, size_t item) {
     ces_decoder_t *decoder = worker;

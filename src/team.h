@@ -20,7 +20,7 @@ typedef struct ces_team_s ces_team_t;
 typedef void (*ces_team_fn)(void *worker, void *job, size_t item);
 
 /*
- * Starts helpers threads, helper i working with workers[i] (references, which must outlive the
+ * Starts `helpers` threads, helper i working with workers[i] (references, which must outlive the
  * team). Returns NULL when a thread or memory cannot be had; then the caller works alone.
  */
 ces_team_t *ces_team_new(void *const *workers, size_t helpers);
