@@ -9,6 +9,8 @@
 #include <string.h>
 #include <time.h>
 
+#include "clock.h"
+#include "decode.h"
 #include "log.h"
 #include "map.h"
 #include "types.h"
@@ -1075,8 +1077,8 @@ static table_t *table_new(ces_apply_t *a, const ces_event_t *ev) {
  */
 static table_t *ensure_table(ces_apply_t *a, const ces_event_t *ev, const char **reject,
                              attempt_error_t *e) {
-    /* Names are at most 512 bytes (decode.c), so the key is never cut. */
-    char key[3 * 520];
+    /* Names are bounded by the decoder, so the key is never cut. */
+    char key[3 * (CES_DECODE_MAX_NAME_BYTES + 1)];
     const char *parts[] = {ev->db, ev->schema, ev->table};
     size_t klen = ces_map_key(key, sizeof(key), '\x1f', parts, 3);
     table_t *t = ces_map_get(a->tables, key, klen);
@@ -2617,12 +2619,6 @@ static ces_apply_status_t apply_step(ces_apply_t *a, ces_batch_t *batch, step_t 
     return CES_APPLY_OK;
 }
 
-static int64_t monotonic_ms(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 /*
  * Deletes tombstones past their retention, a bounded number at a time, between batches: it never
  * holds locks that apply waits for for long. At most once a minute (or once per retention period
@@ -2631,7 +2627,7 @@ static int64_t monotonic_ms(void) {
 static void purge_tombstones(ces_apply_t *a) {
     if (!a->lsn_guard || a->tombstones == NULL || !ces_apply_connected(a))
         return;
-    int64_t now = monotonic_ms();
+    int64_t now = ces_clock_now_ms();
     int64_t every = a->tombstone_retention_s * 1000 < 60000 ? a->tombstone_retention_s * 1000 : 60000;
     if (now - a->last_purge_ms < every)
         return;

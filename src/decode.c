@@ -9,7 +9,6 @@
 #include "json.h"
 
 #define CES_EVENT_TYPE "com.microsoft.SQL.CES.DML.V1"
-#define MAX_NAME_BYTES 512 /* sysname is 128 characters, at most 4 bytes each in UTF-8 */
 
 struct ces_decoder_s {
     ces_decode_limits_t limits;
@@ -303,8 +302,8 @@ static ces_decode_status_t check_name(const char *where, const char *what, const
                                       size_t len, char *errstr, size_t errstr_size) {
     if (len == 0)
         REJECT("%s: empty %s", where, what);
-    if (len > MAX_NAME_BYTES)
-        REJECT("%s: %s longer than %d bytes", where, what, MAX_NAME_BYTES);
+    if (len > CES_DECODE_MAX_NAME_BYTES)
+        REJECT("%s: %s longer than %d bytes", where, what, CES_DECODE_MAX_NAME_BYTES);
     if (memchr(name, '\0', len) != NULL)
         REJECT("%s: %s contains a NUL byte", where, what);
     return CES_DECODE_OK;

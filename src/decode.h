@@ -17,6 +17,11 @@
 #include "arena.h"
 #include "event.h"
 
+/* The longest name (db, schema, table, column) an event may carry: SQL Server's sysname is 128
+ * characters, at most 4 bytes each in UTF-8. Longer names are rejected, so buffers sized from this
+ * never cut one. */
+#define CES_DECODE_MAX_NAME_BYTES 512
+
 /* How record values are encoded (kafka.format). */
 typedef enum {
     CES_FORMAT_AUTO = 0, /* per record: JSON when it starts with '{' (or blanks), else Avro */

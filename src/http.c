@@ -8,7 +8,7 @@
 #include <sys/socket.h>
 
 #include "log.h"
-#include "pipeline.h"
+#include "clock.h"
 
 #if MHD_VERSION < 0x00097002
 typedef int MHD_Result_t;
@@ -63,7 +63,7 @@ static MHD_Result_t handle(void *cls, struct MHD_Connection *conn, const char *u
                      true);
     }
     if (strcmp(url, "/healthz") == 0) {
-        bool ok = ces_metrics_alive(h->metrics, ces_now_ms(), CES_HTTP_ALIVE_MS);
+        bool ok = ces_metrics_alive(h->metrics, ces_clock_now_ms(), CES_HTTP_ALIVE_MS);
         return ok ? text(conn, MHD_HTTP_OK, "ok\n")
                   : text(conn, MHD_HTTP_SERVICE_UNAVAILABLE, "main loop stalled\n");
     }

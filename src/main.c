@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "apply.h"
+#include "clock.h"
 #include "config.h"
 #include "consumer.h"
 #include "decode.h"
@@ -283,7 +284,7 @@ static void ping_watchdog(daemon_t *d, int64_t now) {
 /* apply's hook: the connection opened or closed, or a retry is waiting. */
 static void on_apply_heartbeat(void *opaque, bool connected) {
     daemon_t *d = opaque;
-    int64_t now = ces_now_ms();
+    int64_t now = ces_clock_now_ms();
     ces_metrics_heartbeat(d->metrics, now);
     ces_metrics_set_connected(d->metrics, connected);
     ping_watchdog(d, now);
@@ -451,7 +452,7 @@ static int run_daemon(const char *path) {
     ces_log_info("ces2pg %s starting with %s", CES2PG_VERSION, path);
     ces_log_info("decoding records on %zu thread(s) (decode.threads = %lld)", popts.decode_threads,
                  (long long)config->decode_threads);
-    ces_metrics_heartbeat(d.metrics, ces_now_ms());
+    ces_metrics_heartbeat(d.metrics, ces_clock_now_ms());
     if (set_http(&d, config->http_listen) != 0)
         goto done;
     ces_notify_status("connecting to PostgreSQL");
@@ -479,13 +480,13 @@ static int run_daemon(const char *path) {
     ces_notify_status("joining the consumer group");
 
     int poll_ms = (int)config->kafka_poll_ms;
-    int64_t last_progress = ces_now_ms(), last_publish = 0, last_pg_check = ces_now_ms();
+    int64_t last_progress = ces_clock_now_ms(), last_publish = 0, last_pg_check = ces_clock_now_ms();
     bool ready = false;
     ces_pipeline_stats_t progress_base;
     ces_pipeline_get_stats(pipeline, &progress_base);
     ces_pipeline_status_t pst = CES_PIPELINE_OK;
     while (!stop_requested) {
-        int64_t now = ces_now_ms();
+        int64_t now = ces_clock_now_ms();
         ces_metrics_heartbeat(d.metrics, now);
         ping_watchdog(&d, now);
         if (reload_requested) {
@@ -540,7 +541,7 @@ static int run_daemon(const char *path) {
         }
         bool read_on = ps == CES_POLL_RECORD && room > 0;
         if ((staged > 0 || decoding) &&
-            (pst = ces_pipeline_add_staged(pipeline, ces_now_ms(), read_on, err, sizeof(err))) !=
+            (pst = ces_pipeline_add_staged(pipeline, ces_clock_now_ms(), read_on, err, sizeof(err))) !=
                 CES_PIPELINE_OK)
             break;
         if (ps == CES_POLL_FATAL) {
@@ -552,7 +553,7 @@ static int run_daemon(const char *path) {
         if (ps == CES_POLL_EOF)
             ces_pipeline_partition_eof(pipeline, rec.topic, rec.partition, rec.offset);
         bool proceed = ces_pipeline_ready(pipeline);
-        if (ces_pipeline_pending(pipeline) && ces_pipeline_settled(pipeline, ces_now_ms())) {
+        if (ces_pipeline_pending(pipeline) && ces_pipeline_settled(pipeline, ces_clock_now_ms())) {
             /* Nothing more arrived right now: apply what we have instead of waiting (once the
              * batch before it is done; it is completed when the next pause comes). */
             if (proceed &&
@@ -567,7 +568,7 @@ static int run_daemon(const char *path) {
             ces_apply_check(apply);
             last_pg_check = now;
         }
-        now = ces_now_ms();
+        now = ces_clock_now_ms();
         if (d.progress_ms > 0 && now - last_progress >= d.progress_ms) {
             publish_metrics(&d, pipeline, consumer);
             ces_pipeline_stats_t stats;

@@ -69,7 +69,7 @@ void ces_metrics_add_batch(ces_metrics_t *metrics, const ces_batch_t *batch, dou
 void ces_metrics_set_stats(ces_metrics_t *metrics, const ces_pipeline_stats_t *stats,
                            const ces_metrics_partition_t *partitions, size_t npartitions);
 
-/* Liveness and readiness (any thread, lock-free). now_ms is ces_now_ms(). */
+/* Liveness and readiness (any thread, lock-free). now_ms is ces_clock_now_ms(). */
 void ces_metrics_heartbeat(ces_metrics_t *metrics, int64_t now_ms);
 void ces_metrics_set_connected(ces_metrics_t *metrics, bool connected);
 void ces_metrics_set_assigned(ces_metrics_t *metrics, size_t partitions);

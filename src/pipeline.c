@@ -4,8 +4,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
+#include "clock.h"
 #include "log.h"
 #include "map.h"
 #include "order.h"
@@ -94,12 +94,6 @@ struct ces_pipeline_s {
     ces_lsn_t stream_lsn;
     ces_apply_stats_t stream_stats; /* what the open transaction holds, counted once committed */
 };
-
-int64_t ces_now_ms(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
 
 static void partition_free(void *value, void *arg) {
     (void)arg;
@@ -273,7 +267,7 @@ static bool matches_any(const char *const *globs, size_t n, const char *name) {
 static bool table_selected(const ces_pipeline_t *p, const ces_event_t *event) {
     if (p->options.ninclude == 0 && p->options.nexclude == 0)
         return true;
-    char name[1100]; /* two names of at most 512 bytes (decode.c): never cut */
+    char name[2 * CES_DECODE_MAX_NAME_BYTES + 2]; /* never cut */
     const char *parts[] = {event->schema, event->table};
     ces_map_key(name, sizeof(name), '.', parts, 2);
     if (p->options.ninclude > 0 && !matches_any(p->options.include, p->options.ninclude, name))
@@ -840,11 +834,11 @@ ces_pipeline_status_t ces_pipeline_drain(ces_pipeline_t *p, char *errstr, size_t
                  "segment group incomplete at the end of the input: %zu segment(s) received",
                  g->count);
         if (p->batch.count == 0)
-            p->batch_started_ms = ces_now_ms();
+            p->batch_started_ms = ces_clock_now_ms();
         if (give_up_group(p, g, reason) != 0)
             goto nomem;
     }
-    if (release_transactions(p, ces_now_ms(), true) != 0)
+    if (release_transactions(p, ces_clock_now_ms(), true) != 0)
         goto nomem;
     return CES_PIPELINE_OK;
 nomem:
@@ -951,7 +945,7 @@ static void batch_applied(ces_pipeline_t *p, ces_batch_t *batch, const ces_apply
                           bool commit, int64_t started_ms) {
     if (p->options.on_applied != NULL)
         p->options.on_applied(p->options.on_applied_opaque, batch,
-                              (double)(ces_now_ms() - started_ms) / 1000.0);
+                              (double)(ces_clock_now_ms() - started_ms) / 1000.0);
     if (!commit) {
         p->stream_stats.events_applied += st->events_applied;
         p->stream_stats.dead_letters += st->dead_letters;
@@ -1052,7 +1046,7 @@ static ces_pipeline_status_t flush(ces_pipeline_t *p, bool async, char *errstr,
     }
     if (p->batch.count == 0 && p->batch.noffsets == 0 && !(p->streaming && commit))
         return CES_PIPELINE_OK;
-    int64_t started_ms = ces_now_ms();
+    int64_t started_ms = ces_clock_now_ms();
     /* The last part of a streamed transaction commits it: that one waits. */
     if (async && !(p->streaming && commit) &&
         (p->order == NULL || ces_order_set_in_flight(p->order, &p->batch) == 0)) {
@@ -1232,7 +1226,7 @@ static ces_pipeline_status_t rewind_all(ces_pipeline_t *p, char *errstr, size_t 
 static int take_staged_before_rebalance(ces_pipeline_t *p) {
     char err[512];
     if (ces_pipeline_has_staged(p) &&
-        ces_pipeline_add_staged(p, ces_now_ms(), false, err, sizeof(err)) != CES_PIPELINE_OK) {
+        ces_pipeline_add_staged(p, ces_clock_now_ms(), false, err, sizeof(err)) != CES_PIPELINE_OK) {
         ces_log_error("taking in the records read before a rebalance: %s", err);
         return -1;
     }
@@ -1270,7 +1264,7 @@ int ces_pipeline_on_assigned(void *opaque, const char *topic, const int32_t *par
         part->has_frontier = false;
         part->at_eof = false;
         part->paused = false;
-        part->last_record_ms = ces_now_ms();
+        part->last_record_ms = ces_clock_now_ms();
         if (offsets[i] >= 0)
             ces_log_info("%s[%d]: resuming at offset %lld stored in PostgreSQL", topic,
                          (int)partitions[i], (long long)offsets[i]);

@@ -177,7 +177,4 @@ void ces_pipeline_each_partition(ces_pipeline_t *pipeline,
                                             int64_t position),
                                  void *arg);
 
-/* Monotonic milliseconds. */
-int64_t ces_now_ms(void);
-
 #endif

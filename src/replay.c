@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "clock.h"
 #include "log.h"
 #include "types.h"
 
@@ -70,7 +71,7 @@ static ces_replay_status_t replay_file(ces_pipeline_t *p, const char *path,
                 rec.len = (size_t)n;
             }
         }
-        int64_t now = ces_now_ms();
+        int64_t now = ces_clock_now_ms();
         if (ces_pipeline_add(p, &rec, now, errstr, errstr_size) != CES_PIPELINE_OK ||
             ces_pipeline_tick(p, now, errstr, errstr_size) != CES_PIPELINE_OK) {
             rc = CES_REPLAY_FATAL;
