@@ -20,7 +20,7 @@
 #include <time.h>
 
 #include "decode.h"
-#include "replay.h"
+#include "types.h" /* ces_base64_decode */
 #include "team.h"
 
 static double clock_s(clockid_t clock) {

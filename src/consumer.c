@@ -314,6 +314,22 @@ ces_consumer_status_t ces_consumer_check_config(const ces_config_t *config, char
     return status;
 }
 
+ces_consumer_status_t ces_consumer_property(const ces_config_t *config, const char *name,
+                                            char *value, size_t value_size, char *errstr,
+                                            size_t errstr_size) {
+    ces_consumer_status_t status;
+    rd_kafka_conf_t *conf = build_conf(config, errstr, errstr_size, &status);
+    if (conf == NULL)
+        return status;
+    size_t size = value_size;
+    if (rd_kafka_conf_get(conf, name, value, &size) != RD_KAFKA_CONF_OK) {
+        snprintf(errstr, errstr_size, "librdkafka has no property '%s'", name);
+        status = CES_CONSUMER_CONFIG;
+    }
+    rd_kafka_conf_destroy(conf);
+    return status;
+}
+
 /* Calls the owner's callback once per topic present in parts. */
 static int for_each_topic(ces_consumer_t *c, rd_kafka_topic_partition_list_t *parts, bool assign) {
     int32_t *partitions = calloc((size_t)parts->cnt + 1, sizeof(int32_t));
@@ -717,3 +733,44 @@ size_t ces_consumer_assigned_count(const ces_consumer_t *c) { return c->assigned
 bool ces_consumer_joined(const ces_consumer_t *c) { return c->joined; }
 
 uint64_t ces_consumer_fetch_wakeups(const ces_consumer_t *c) { return c->wakeups; }
+
+/* The feed: the pipeline sees the consumer only through these. */
+static ces_poll_status_t feed_poll(void *opaque, int timeout_ms, ces_record_t *record,
+                                   char *errstr, size_t errstr_size) {
+    return ces_consumer_poll(opaque, timeout_ms, record, errstr, errstr_size);
+}
+
+static void feed_release(void *opaque, void *handle) {
+    (void)opaque;
+    ces_consumer_release(handle);
+}
+
+static int feed_seek(void *opaque, const char *topic, int32_t partition, int64_t offset) {
+    return ces_consumer_seek(opaque, topic, partition, offset);
+}
+
+static int feed_pause(void *opaque, const char *topic, int32_t partition, bool pause) {
+    return ces_consumer_pause(opaque, topic, partition, pause);
+}
+
+static int feed_high_watermark(void *opaque, const char *topic, int32_t partition,
+                               int64_t *high) {
+    return ces_consumer_high_watermark(opaque, topic, partition, high);
+}
+
+static void feed_store_position(void *opaque, const char *topic, int32_t partition,
+                                int64_t next) {
+    ces_consumer_store_offset(opaque, topic, partition, next);
+}
+
+void ces_consumer_feed(ces_consumer_t *c, ces_feed_t *feed) {
+    *feed = (ces_feed_t){
+        .poll = feed_poll,
+        .release = feed_release,
+        .seek = feed_seek,
+        .pause = feed_pause,
+        .high_watermark = feed_high_watermark,
+        .store_position = feed_store_position,
+        .opaque = c,
+    };
+}

@@ -14,18 +14,7 @@
 #include <stdint.h>
 
 #include "config.h"
-
-/* Offset meaning "no stored position: use Kafka's committed offset, then auto.offset.reset". */
-#define CES_OFFSET_UNSET (-1)
-
-typedef struct {
-    const char *topic; /* reference to the consumer's copy; valid while assigned */
-    int32_t partition;
-    int64_t offset;
-    const void *value;
-    size_t len;
-    void *handle; /* the librdkafka message; release with ces_consumer_release() */
-} ces_record_t;
+#include "feed.h"
 
 typedef struct {
     /* Partitions were assigned: fill offsets[i] with the position to start from (or
@@ -44,18 +33,21 @@ typedef enum {
     CES_CONSUMER_FATAL,
 } ces_consumer_status_t;
 
-typedef enum {
-    CES_POLL_RECORD,
-    CES_POLL_EOF,   /* record->topic and ->partition reached the end of what the broker has */
-    CES_POLL_IDLE,  /* nothing arrived within the timeout */
-    CES_POLL_FATAL, /* the client cannot go on; errstr says why */
-} ces_poll_status_t;
-
 typedef struct ces_consumer_s ces_consumer_t;
 
 /* Checks every Kafka setting of config without connecting. */
 ces_consumer_status_t ces_consumer_check_config(const ces_config_t *config, char *errstr,
                                                 size_t errstr_size);
+
+/*
+ * The value config gives librdkafka's property name, after ces2pg's defaults, Event Hubs mode,
+ * kafka.properties and the settings ces2pg forces, as librdkafka itself reports it (its own
+ * default when nobody sets it). Copies it into value (cut to value_size) and returns
+ * CES_CONSUMER_OK, or an error in errstr as ces_consumer_check_config would. Nothing connects.
+ */
+ces_consumer_status_t ces_consumer_property(const ces_config_t *config, const char *name,
+                                            char *value, size_t value_size, char *errstr,
+                                            size_t errstr_size);
 
 /*
  * Creates the consumer and subscribes to config's topics. callbacks is copied. On success *out is
@@ -70,7 +62,11 @@ ces_consumer_status_t ces_consumer_new(const ces_config_t *config,
  * NULL. */
 void ces_consumer_destroy(ces_consumer_t *consumer);
 
-/* Waits up to timeout_ms for one record. */
+/* The consumer as the pipeline's feed (every operation of ces_feed_t). The feed refers to the
+ * consumer, which must outlive its use. */
+void ces_consumer_feed(ces_consumer_t *consumer, ces_feed_t *feed);
+
+/* Waits up to timeout_ms for one record (never CES_POLL_END). */
 ces_poll_status_t ces_consumer_poll(ces_consumer_t *consumer, int timeout_ms, ces_record_t *record,
                                     char *errstr, size_t errstr_size);
 

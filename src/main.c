@@ -31,10 +31,8 @@
 #define EXIT_USAGE 64
 #define EXIT_CONFIG 78
 
-/* How often the main loop copies its gauges for /metrics (never per event). */
+/* How often the loop's hook copies the gauges for /metrics (never per event). */
 #define METRICS_PUBLISH_MS 100
-/* How often an idle daemon checks that its PostgreSQL connection is still there. */
-#define PG_CHECK_MS 1000
 
 static volatile sig_atomic_t stop_requested = 0;
 static volatile sig_atomic_t reload_requested = 0;
@@ -123,6 +121,7 @@ static void fill_pipeline_options(const ces_config_t *c, bool store_offsets,
                                   ces_pipeline_options_t *o) {
     memset(o, 0, sizeof(*o));
     o->decode_threads = decode_threads(c);
+    o->poll_ms = (int)c->kafka_poll_ms;
     o->batch_max_events = (size_t)c->apply_batch_max_events;
     o->batch_max_bytes = (size_t)c->apply_batch_max_bytes;
     o->batch_max_ms = c->apply_batch_max_ms;
@@ -215,12 +214,12 @@ static int run_replay(const char *path, char *const *files, size_t nfiles) {
     fill_decode_limits(config, &limits);
     ces_pipeline_options_t popts;
     fill_pipeline_options(config, false, &popts);
-    popts.decode_threads = 1; /* replay adds its lines one by one, as it reads them */
     ces_decoder_t *decoder = ces_decoder_new(&limits);
     ces_apply_t *apply = make_apply(config, NULL, NULL);
+    ces_replay_t *replay = ces_replay_new(files, nfiles);
     ces_pipeline_t *pipeline = NULL;
     char err[1024];
-    if (decoder == NULL || apply == NULL ||
+    if (decoder == NULL || apply == NULL || replay == NULL ||
         (pipeline = ces_pipeline_new(&popts, decoder, apply)) == NULL) {
         fprintf(stderr, "ces2pg: out of memory\n");
         goto done;
@@ -231,8 +230,10 @@ static int run_replay(const char *path, char *const *files, size_t nfiles) {
         rc = ast == CES_APPLY_INTERRUPTED ? 0 : 1;
         goto done;
     }
-    ces_replay_status_t st = ces_replay_files(pipeline, files, nfiles, &stop_requested, err,
-                                              sizeof(err));
+    ces_feed_t feed;
+    ces_replay_feed(replay, &feed);
+    ces_pipeline_set_feed(pipeline, &feed);
+    ces_pipeline_status_t st = ces_pipeline_run(pipeline, NULL, &stop_requested, err, sizeof(err));
     ces_pipeline_stats_t stats;
     ces_pipeline_get_stats(pipeline, &stats);
     printf("replay: records=%llu applied=%llu dead_letters=%llu\n",
@@ -243,19 +244,21 @@ static int run_replay(const char *path, char *const *files, size_t nfiles) {
                (unsigned long long)stats.duplicates, (unsigned long long)stats.excluded);
     fflush(stdout);
     switch (st) {
-    case CES_REPLAY_OK: rc = 0; break;
-    case CES_REPLAY_INTERRUPTED:
+    case CES_PIPELINE_OK: rc = 0; break;
+    case CES_PIPELINE_STOPPED:
+    case CES_PIPELINE_INTERRUPTED:
         fprintf(stderr, "ces2pg: replay stopped by a signal before the end of its input\n");
         rc = 1;
         break;
-    case CES_REPLAY_IO:
-    case CES_REPLAY_FATAL:
+    case CES_PIPELINE_FATAL:
         fprintf(stderr, "ces2pg: replay: %s\n", err);
         rc = 1;
         break;
     }
 done:
+    /* The pipeline gives the records it holds back to the feed before the feed goes. */
     ces_pipeline_destroy(pipeline);
+    ces_replay_destroy(replay);
     ces_apply_destroy(apply);
     ces_decoder_destroy(decoder);
     ces_config_destroy(config);
@@ -265,9 +268,20 @@ done:
 /* What the daemon's hooks and its loop share. Main thread only; metrics is shared with the HTTP
  * thread through its own lock and atomics. */
 typedef struct {
+    const char *path;     /* the configuration file */
+    ces_config_t *config; /* as loaded at start: what the stages were made from */
+    ces_config_t *current; /* the latest valid file (config itself until a reload changes it) */
     ces_metrics_t *metrics;
+    ces_pipeline_t *pipeline;
+    ces_apply_t *apply;
+    ces_consumer_t *consumer;
     int64_t watchdog_ms; /* systemd's WatchdogSec / 2, or 0 */
     int64_t last_watchdog_ms;
+    int64_t last_publish_ms;
+    bool ready; /* READY=1 was sent */
+    bool stopping; /* STOPPING=1 was sent */
+    ces_pipeline_stats_t progress_base; /* the counters at the last progress line */
+    int64_t last_progress_ms;
     /* Settings a SIGHUP may change. */
     int64_t progress_ms; /* 0: no progress line */
     char *http_listen;   /* owned; "" when off */
@@ -424,13 +438,101 @@ static ces_config_t *reload(daemon_t *d, const char *path, ces_config_t *current
     return next;
 }
 
+/* The loop's hook, at every turn: liveness, reload, /metrics, readiness, the progress line. */
+static void on_turn(void *opaque, int64_t now, bool waiting) {
+    daemon_t *d = opaque;
+    ces_metrics_heartbeat(d->metrics, now);
+    ping_watchdog(d, now);
+    if (reload_requested) {
+        reload_requested = 0;
+        ces_config_t *next = reload(d, d->path, d->current);
+        if (next != d->current && d->current != d->config)
+            ces_config_destroy(d->current);
+        d->current = next;
+    }
+    /* A turn that is about to wait for PostgreSQL shows what was read before it. */
+    if (waiting || now - d->last_publish_ms >= METRICS_PUBLISH_MS) {
+        ces_metrics_set_assigned(d->metrics, ces_consumer_assigned_count(d->consumer));
+        publish_metrics(d, d->pipeline, d->consumer);
+        d->last_publish_ms = now;
+        if (!d->ready && ces_apply_connected(d->apply) && ces_consumer_joined(d->consumer)) {
+            d->ready = true;
+            ces_notify("READY=1");
+            ces_notify_status("running");
+            ces_log_info("ready: PostgreSQL connected, consumer group joined");
+        }
+    }
+    if (d->progress_ms > 0 && now - d->last_progress_ms >= d->progress_ms) {
+        publish_metrics(d, d->pipeline, d->consumer);
+        ces_pipeline_stats_t stats;
+        ces_pipeline_get_stats(d->pipeline, &stats);
+        report_progress(d, &stats, &d->progress_base, now - d->last_progress_ms);
+        d->progress_base = stats;
+        d->last_progress_ms = now;
+    }
+}
+
+static void on_stopping(void *opaque) {
+    daemon_t *d = opaque;
+    d->stopping = true;
+    ces_notify("STOPPING=1");
+    ces_log_info("stopping: applying what is complete, then leaving the consumer group");
+}
+
+/* Connects to PostgreSQL, joins the consumer group and runs the loop. Returns the exit status. */
+static int serve(daemon_t *d) {
+    char err[1024];
+    ces_notify_status("connecting to PostgreSQL");
+    ces_apply_status_t ast = ces_apply_start(d->apply, err, sizeof(err));
+    if (ast != CES_APPLY_OK) {
+        if (ast == CES_APPLY_INTERRUPTED)
+            return 0;
+        ces_log_error("%s", err);
+        return 1;
+    }
+    ces_consumer_callbacks_t callbacks = {
+        .assigned = ces_pipeline_on_assigned,
+        .revoked = ces_pipeline_on_revoked,
+        .opaque = d->pipeline,
+    };
+    ces_consumer_status_t cst =
+        ces_consumer_new(d->config, &callbacks, &d->consumer, err, sizeof(err));
+    if (cst != CES_CONSUMER_OK) {
+        ces_log_error("%s", err);
+        return cst == CES_CONSUMER_CONFIG ? EXIT_CONFIG : 1;
+    }
+    ces_feed_t feed;
+    ces_consumer_feed(d->consumer, &feed);
+    ces_pipeline_set_feed(d->pipeline, &feed);
+    ces_notify_status("joining the consumer group");
+    d->last_progress_ms = ces_clock_now_ms();
+    ces_pipeline_get_stats(d->pipeline, &d->progress_base);
+    ces_pipeline_hooks_t hooks = {.on_turn = on_turn, .on_stopping = on_stopping, .opaque = d};
+    ces_pipeline_status_t st =
+        ces_pipeline_run(d->pipeline, &hooks, &stop_requested, err, sizeof(err));
+    if (!d->stopping)
+        ces_notify("STOPPING=1");
+    switch (st) {
+    case CES_PIPELINE_INTERRUPTED:
+        ces_log_warning("the last batch was rolled back; it will be read again after restart");
+        return 0;
+    case CES_PIPELINE_FATAL:
+        ces_log_error("%s", err);
+        return 1;
+    default:
+        return 0;
+    }
+}
+
 static int run_daemon(const char *path) {
-    int rc = 1;
     ces_config_t *config = load_config(path, CES_CONFIG_DAEMON);
     if (config == NULL)
         return EXIT_CONFIG;
-    ces_config_t *current = config; /* the latest valid file; config stays for what refers to it */
-    daemon_t d = {.progress_ms = config->log_progress_interval * 1000,
+    int rc = 1;
+    daemon_t d = {.path = path,
+                  .config = config,
+                  .current = config,
+                  .progress_ms = config->log_progress_interval * 1000,
                   .watchdog_ms = ces_notify_watchdog_interval_ms()};
     ces_decode_limits_t limits;
     fill_decode_limits(config, &limits);
@@ -440,12 +542,9 @@ static int run_daemon(const char *path) {
     popts.on_applied_opaque = &d;
     d.metrics = ces_metrics_new();
     ces_decoder_t *decoder = ces_decoder_new(&limits);
-    ces_apply_t *apply = make_apply(config, on_apply_heartbeat, &d);
-    ces_pipeline_t *pipeline = NULL;
-    ces_consumer_t *consumer = NULL;
-    char err[1024];
-    if (d.metrics == NULL || decoder == NULL || apply == NULL ||
-        (pipeline = ces_pipeline_new(&popts, decoder, apply)) == NULL) {
+    d.apply = make_apply(config, on_apply_heartbeat, &d);
+    if (d.metrics == NULL || decoder == NULL || d.apply == NULL ||
+        (d.pipeline = ces_pipeline_new(&popts, decoder, d.apply)) == NULL) {
         ces_log_error("out of memory");
         goto done;
     }
@@ -455,156 +554,13 @@ static int run_daemon(const char *path) {
     ces_metrics_heartbeat(d.metrics, ces_clock_now_ms());
     if (set_http(&d, config->http_listen) != 0)
         goto done;
-    ces_notify_status("connecting to PostgreSQL");
-    ces_apply_status_t ast = ces_apply_start(apply, err, sizeof(err));
-    if (ast != CES_APPLY_OK) {
-        if (ast == CES_APPLY_INTERRUPTED) {
-            rc = 0;
-        } else {
-            ces_log_error("%s", err);
-        }
-        goto done;
-    }
-    ces_consumer_callbacks_t callbacks = {
-        .assigned = ces_pipeline_on_assigned,
-        .revoked = ces_pipeline_on_revoked,
-        .opaque = pipeline,
-    };
-    ces_consumer_status_t cst = ces_consumer_new(config, &callbacks, &consumer, err, sizeof(err));
-    if (cst != CES_CONSUMER_OK) {
-        ces_log_error("%s", err);
-        rc = cst == CES_CONSUMER_CONFIG ? EXIT_CONFIG : 1;
-        goto done;
-    }
-    ces_pipeline_set_consumer(pipeline, consumer);
-    ces_notify_status("joining the consumer group");
-
-    int poll_ms = (int)config->kafka_poll_ms;
-    int64_t last_progress = ces_clock_now_ms(), last_publish = 0, last_pg_check = ces_clock_now_ms();
-    bool ready = false;
-    ces_pipeline_stats_t progress_base;
-    ces_pipeline_get_stats(pipeline, &progress_base);
-    ces_pipeline_status_t pst = CES_PIPELINE_OK;
-    while (!stop_requested) {
-        int64_t now = ces_clock_now_ms();
-        ces_metrics_heartbeat(d.metrics, now);
-        ping_watchdog(&d, now);
-        if (reload_requested) {
-            reload_requested = 0;
-            ces_config_t *next = reload(&d, path, current);
-            if (next != current && current != config)
-                ces_config_destroy(current);
-            current = next;
-        }
-        if (now - last_publish >= METRICS_PUBLISH_MS) {
-            ces_metrics_set_assigned(d.metrics, ces_consumer_assigned_count(consumer));
-            publish_metrics(&d, pipeline, consumer);
-            last_publish = now;
-            if (!ready && ces_apply_connected(apply) && ces_consumer_joined(consumer)) {
-                ready = true;
-                ces_notify("READY=1");
-                ces_notify_status("running");
-                ces_log_info("ready: PostgreSQL connected, consumer group joined");
-            }
-        }
-        if ((pst = ces_pipeline_tick(pipeline, now, err, sizeof(err))) != CES_PIPELINE_OK)
-            break;
-        /* A full batch goes to PostgreSQL without waiting: the next one is read meanwhile. While
-         * PostgreSQL still executes the batch before it, records are read on (into the batch and
-         * then held, both bounded) rather than waiting for it. */
-        if (ces_pipeline_due(pipeline, now) && ces_pipeline_ready(pipeline)) {
-            /* The send may wait for the batch in flight: /metrics shows what was read before. */
-            if (ces_pipeline_flying(pipeline))
-                publish_metrics(&d, pipeline, consumer);
-            if ((pst = ces_pipeline_send(pipeline, err, sizeof(err))) != CES_PIPELINE_OK)
-                break;
-        }
-        /* Records that librdkafka already holds are staged and decoded together, by every
-         * decoding thread; the first may be waited for, unless records read before are still
-         * being decoded. A full stage means more records wait: they are decoded while the loop
-         * goes on, and taken in with the next stage or as soon as no record is waiting. No more
-         * is read than the pipeline has room for (ces_pipeline_stage_room): with none, what is
-         * staged is taken in and the loop goes back to sending. */
-        size_t room = ces_pipeline_stage_room(pipeline);
-        bool decoding = ces_pipeline_has_staged(pipeline);
-        ces_record_t rec;
-        ces_poll_status_t ps = CES_POLL_RECORD; /* with no room: records may wait, none is read */
-        size_t staged = 0;
-        bool stage_full = false;
-        while (staged < room && !stage_full) {
-            int wait_ms = staged > 0 || decoding ? 0 : ces_pipeline_wait_ms(pipeline, now, poll_ms);
-            ps = ces_consumer_poll(consumer, wait_ms, &rec, err, sizeof(err));
-            if (ps != CES_POLL_RECORD)
-                break;
-            stage_full = ces_pipeline_stage(pipeline, &rec);
-            staged++;
-        }
-        bool read_on = ps == CES_POLL_RECORD && room > 0;
-        if ((staged > 0 || decoding) &&
-            (pst = ces_pipeline_add_staged(pipeline, ces_clock_now_ms(), read_on, err, sizeof(err))) !=
-                CES_PIPELINE_OK)
-            break;
-        if (ps == CES_POLL_FATAL) {
-            pst = CES_PIPELINE_FATAL;
-            break;
-        }
-        if (ps == CES_POLL_RECORD)
-            continue;
-        if (ps == CES_POLL_EOF)
-            ces_pipeline_partition_eof(pipeline, rec.topic, rec.partition, rec.offset);
-        bool proceed = ces_pipeline_ready(pipeline);
-        if (ces_pipeline_pending(pipeline) && ces_pipeline_settled(pipeline, ces_clock_now_ms())) {
-            /* Nothing more arrived right now: apply what we have instead of waiting (once the
-             * batch before it is done; it is completed when the next pause comes). */
-            if (proceed &&
-                (pst = ces_pipeline_send(pipeline, err, sizeof(err))) != CES_PIPELINE_OK)
-                break;
-        } else if (ces_pipeline_flying(pipeline)) {
-            if (proceed &&
-                (pst = ces_pipeline_complete(pipeline, err, sizeof(err))) != CES_PIPELINE_OK)
-                break;
-        } else if (ps == CES_POLL_IDLE && staged == 0 && now - last_pg_check >= PG_CHECK_MS) {
-            /* Idle: notice a PostgreSQL that went away (or came back) for /readyz. */
-            ces_apply_check(apply);
-            last_pg_check = now;
-        }
-        now = ces_clock_now_ms();
-        if (d.progress_ms > 0 && now - last_progress >= d.progress_ms) {
-            publish_metrics(&d, pipeline, consumer);
-            ces_pipeline_stats_t stats;
-            ces_pipeline_get_stats(pipeline, &stats);
-            report_progress(&d, &stats, &progress_base, now - last_progress);
-            progress_base = stats;
-            last_progress = now;
-        }
-    }
-    if (stop_requested) {
-        ces_notify("STOPPING=1");
-        ces_log_info("stopping: applying what is complete, then leaving the consumer group");
-        if (pst == CES_PIPELINE_OK)
-            pst = ces_pipeline_flush(pipeline, err, sizeof(err));
-        if (pst == CES_PIPELINE_INTERRUPTED) {
-            ces_log_warning("the last batch was rolled back; it will be read again after restart");
-            pst = CES_PIPELINE_OK;
-        }
-    } else {
-        ces_notify("STOPPING=1");
-    }
-    if (pst == CES_PIPELINE_FATAL) {
-        ces_log_error("%s", err);
-        rc = 1;
-    } else {
-        rc = 0;
-    }
+    rc = serve(&d);
 done:
-    /* Records read ahead and not taken in are read again after a restart; their librdkafka
-     * messages go before librdkafka does. */
-    if (pipeline != NULL)
-        ces_pipeline_drop_staged(pipeline);
-    ces_consumer_destroy(consumer);
-    if (pipeline != NULL) {
+    if (d.pipeline != NULL) {
+        /* Leaving the group revokes the assignment: the pipeline commits what is complete. */
+        ces_consumer_destroy(d.consumer);
         ces_pipeline_stats_t stats;
-        ces_pipeline_get_stats(pipeline, &stats);
+        ces_pipeline_get_stats(d.pipeline, &stats);
         ces_log_info("stopped: %llu records, %llu events applied, %llu dead letters, %llu "
                      "duplicates skipped, %llu events of excluded tables skipped",
                      (unsigned long long)stats.records, (unsigned long long)stats.events_applied,
@@ -613,12 +569,12 @@ done:
     }
     ces_http_stop(d.http);
     free(d.http_listen);
-    ces_pipeline_destroy(pipeline);
-    ces_apply_destroy(apply);
+    ces_pipeline_destroy(d.pipeline);
+    ces_apply_destroy(d.apply);
     ces_decoder_destroy(decoder);
     ces_metrics_destroy(d.metrics);
-    if (current != config)
-        ces_config_destroy(current);
+    if (d.current != config)
+        ces_config_destroy(d.current);
     ces_config_destroy(config);
     return rc;
 }

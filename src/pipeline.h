@@ -1,22 +1,29 @@
 /*
- * pipeline: record -> decode -> reassemble -> batch -> apply -> positions.
+ * pipeline: record -> decode -> reassemble -> order -> batch -> apply -> positions
+ * (docs/architecture.md).
  *
- * The daemon feeds it records from the consumer, replay feeds it lines from files; both go through
- * exactly this code. It owns the in-memory state that the offset rules depend on: per partition, the
- * position PostgreSQL holds (the fence) and the next record not yet read, held back by segments that
- * wait for reassembly, so that a stored position never passes a record not yet applied or
- * dead-lettered.
+ * The daemon feeds it records from the Kafka consumer, replay from files; both run exactly this
+ * code, down to the one loop (ces_pipeline_run) that decides when to read, decode, release held
+ * transactions, send a batch and complete the one in flight. The pipeline owns everything held in
+ * memory between a record and its commit, and with it the rule that a stored position never
+ * passes a record not yet applied or dead-lettered (positions.h).
+ *
+ * The room's files: pipeline.c (this door, the partition table, rebalances), intake.c (staging,
+ * decoding on several threads, reassembly, dead letters), release.c (when held transactions go,
+ * streaming, pausing partitions to bound memory), flight.c (the batch in flight, commits,
+ * rewinds), loop.c (the loop). pipeline_int.h is their private header.
  */
 #ifndef CES_PIPELINE_H
 #define CES_PIPELINE_H
 
+#include <signal.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
 #include "apply.h"
-#include "consumer.h"
 #include "decode.h"
+#include "feed.h"
 #include "reasm.h"
 
 typedef enum {
@@ -28,6 +35,7 @@ typedef struct {
     size_t batch_max_events;
     size_t batch_max_bytes; /* of the events' memory (arenas): a batch is full at either limit */
     int64_t batch_max_ms;
+    int poll_ms;        /* the longest wait for a record when nothing else is due */
     bool store_offsets; /* false for replay: positions of files are not stored */
     ces_reasm_limits_t reasm;
     ces_ordering_t ordering;
@@ -66,107 +74,57 @@ typedef struct {
 } ces_pipeline_stats_t;
 
 typedef enum {
-    CES_PIPELINE_OK = 0,
-    CES_PIPELINE_INTERRUPTED, /* a stop was requested while PostgreSQL was retried */
+    CES_PIPELINE_OK = 0,      /* the input ended and everything read is committed (replay) */
+    CES_PIPELINE_STOPPED,     /* a stop was requested: what was complete is committed */
+    CES_PIPELINE_INTERRUPTED, /* a stop was requested while PostgreSQL was retried: the batch
+                               * being applied was rolled back (it is read again) */
     CES_PIPELINE_FATAL,
 } ces_pipeline_status_t;
+
+/* What the loop tells its owner. Every member may be NULL. */
+typedef struct {
+    /* At the start of every turn, and with waiting = true just before the loop may wait for
+     * PostgreSQL to finish the batch in flight: the daemon's heartbeat, watchdog, reload, metrics
+     * and progress line live there. */
+    void (*on_turn)(void *opaque, int64_t now_ms, bool waiting);
+    /* Once, when a stop was seen, before what is complete is applied. */
+    void (*on_stopping)(void *opaque);
+    void *opaque;
+} ces_pipeline_hooks_t;
 
 typedef struct ces_pipeline_s ces_pipeline_t;
 
 /* decoder and apply are references: they must outlive the pipeline (apply may be NULL in unit tests
- * that never flush). NULL when out of memory. */
+ * that never apply). NULL when out of memory. */
 ces_pipeline_t *ces_pipeline_new(const ces_pipeline_options_t *options, ces_decoder_t *decoder,
                                  ces_apply_t *apply);
-/* Frees pending work without applying it (released records are read again after a restart). */
+/* Frees pending work without applying it (released records are read again after a restart). Every
+ * record the feed handed over is released first, so the feed may go after this. */
 void ces_pipeline_destroy(ces_pipeline_t *pipeline);
 
-/* The consumer to store positions to and seek (reference; NULL for replay). */
-void ces_pipeline_set_consumer(ces_pipeline_t *pipeline, ces_consumer_t *consumer);
+/* Where records come from (copied). Set before ces_pipeline_run and before the consumer can call
+ * the rebalance callbacks below; the feed's opaque must outlive the pipeline's use of it. */
+void ces_pipeline_set_feed(ces_pipeline_t *pipeline, const ces_feed_t *feed);
 
 /*
- * Takes one record (with nothing staged). The pipeline copies the record's bytes and, with a
- * handle, releases the handle through the consumer before returning, whatever the status: the
- * caller must not use the handle (or the value it points into) afterwards. Held work never keeps
- * a librdkafka message alive.
+ * Runs the loop until the feed ends (CES_POLL_END: everything read is applied, incomplete segment
+ * groups become dead letters; returns CES_PIPELINE_OK), *stop is set (what is complete is applied;
+ * CES_PIPELINE_STOPPED, or CES_PIPELINE_INTERRUPTED when PostgreSQL was being retried), or
+ * something fails for good (CES_PIPELINE_FATAL; the batch in flight is completed first). errstr
+ * says why when the status is neither OK nor STOPPED. hooks may be NULL.
  */
-ces_pipeline_status_t ces_pipeline_add(ces_pipeline_t *pipeline, const ces_record_t *record,
-                                       int64_t now_ms, char *errstr, size_t errstr_size);
+ces_pipeline_status_t ces_pipeline_run(ces_pipeline_t *pipeline, const ces_pipeline_hooks_t *hooks,
+                                       volatile sig_atomic_t *stop, char *errstr,
+                                       size_t errstr_size);
 
 /*
- * The same for several records read in a row, decoded by options.decode_threads threads at once.
- * ces_pipeline_stage keeps a record (its handle and value stay the caller's to leave alone, as
- * above) and returns true when the stage is full: it must not be called again before
- * ces_pipeline_add_staged. That takes the staged records in, in order, as ces_pipeline_add would
- * one by one, and releases every handle whatever the status. With more_coming (the stage filled
- * and more records wait to be read), the records just staged are decoded by the other threads
- * while this one goes on, and are taken in by the next ces_pipeline_add_staged: until then they
- * count as not yet read (a seek back drops them, to be read again). Without it, every staged
- * record is taken in before it returns. A rebalance callback that the consumer runs takes every
- * staged record in first.
+ * The consumer's rebalance callbacks (ces_consumer_callbacks_t); opaque is the pipeline. An
+ * assignment reads the stored positions from PostgreSQL; a revocation commits what is complete
+ * while the partitions are still ours and drops what is held for them.
  */
-bool ces_pipeline_stage(ces_pipeline_t *pipeline, const ces_record_t *record);
-/* How many records may be staged now (0 .. the stage's free slots). In partition mode each record
- * may become an item of the batch being read, which stays within its limits (twice them while a
- * batch is in flight: see ces_pipeline_ready); 0 then means: take the staged records in and send.
- * In transaction mode, held events are bounded by pausing partitions instead. */
-size_t ces_pipeline_stage_room(const ces_pipeline_t *pipeline);
-/* True while records are staged or decoding, not yet taken in. */
-bool ces_pipeline_has_staged(const ces_pipeline_t *pipeline);
-/* Releases the records staged and not taken in (they are read again after a restart). */
-void ces_pipeline_drop_staged(ces_pipeline_t *pipeline);
-ces_pipeline_status_t ces_pipeline_add_staged(ces_pipeline_t *pipeline, int64_t now_ms,
-                                              bool more_coming, char *errstr, size_t errstr_size);
-
-/* A partition reached the end of what the broker holds (it is caught up), at eof_offset. */
-void ces_pipeline_partition_eof(ces_pipeline_t *pipeline, const char *topic, int32_t partition,
-                                int64_t eof_offset);
-
-/* The input ended (replay): every held transaction is complete, every incomplete segment group a
- * dead letter. */
-ces_pipeline_status_t ces_pipeline_drain(ces_pipeline_t *pipeline, char *errstr,
-                                         size_t errstr_size);
-
-/* Gives up segment groups that timed out (they become dead letters in the batch), releases source
- * transactions that are complete, and pauses or resumes partitions to keep memory bounded. */
-ces_pipeline_status_t ces_pipeline_tick(ces_pipeline_t *pipeline, int64_t now_ms, char *errstr,
-                                        size_t errstr_size);
-
-/* True when the batch is full or old enough to apply. */
-bool ces_pipeline_due(const ces_pipeline_t *pipeline, int64_t now_ms);
-/* True when something waits to be applied or stored. */
-bool ces_pipeline_pending(const ces_pipeline_t *pipeline);
-/* True when an open batch has waited long enough that a pause in arrivals should apply it. */
-bool ces_pipeline_settled(const ces_pipeline_t *pipeline, int64_t now_ms);
-/* How long to wait for the next record, at most max_ms. */
-int ces_pipeline_wait_ms(const ces_pipeline_t *pipeline, int64_t now_ms, int max_ms);
-
-/* Applies the batch and stores the positions it covers, in one PostgreSQL transaction (after
- * completing a batch in flight): when it returns, everything is committed. */
-ces_pipeline_status_t ces_pipeline_flush(ces_pipeline_t *pipeline, char *errstr,
-                                         size_t errstr_size);
-/* The same without waiting: the batch goes in flight, PostgreSQL executes it while the caller reads
- * the next one, and the next send, flush or ces_pipeline_complete commits it. Its positions are
- * stored (in PostgreSQL and Kafka) only then. A streamed transaction's parts are applied at once. */
-ces_pipeline_status_t ces_pipeline_send(ces_pipeline_t *pipeline, char *errstr,
-                                        size_t errstr_size);
-/* Waits for the batch in flight and commits it (nothing to do when there is none). */
-ces_pipeline_status_t ces_pipeline_complete(ces_pipeline_t *pipeline, char *errstr,
-                                            size_t errstr_size);
-bool ces_pipeline_flying(const ces_pipeline_t *pipeline);
-/* True unless a batch is in flight that PostgreSQL is still executing: then a send, flush or
- * ces_pipeline_complete would wait, and the caller had better go on reading records. Also true
- * once the batch being read has grown to twice its limits (apply.batch_max_events or
- * batch_max_bytes): then waiting for PostgreSQL is what keeps memory bounded. */
-bool ces_pipeline_ready(ces_pipeline_t *pipeline);
-
-/* Consumer callbacks (ces_consumer_callbacks_t); opaque is the pipeline. */
 int ces_pipeline_on_assigned(void *opaque, const char *topic, const int32_t *partitions, size_t n,
                              int64_t *offsets);
 int ces_pipeline_on_revoked(void *opaque, const char *topic, const int32_t *partitions, size_t n);
-
-/* The batch being built: what the next flush would apply (for tests and diagnostics). */
-size_t ces_pipeline_batch_events(const ces_pipeline_t *pipeline);
-const ces_item_t *ces_pipeline_batch_item(const ces_pipeline_t *pipeline, size_t i);
 
 void ces_pipeline_get_stats(const ces_pipeline_t *pipeline, ces_pipeline_stats_t *stats);
 

@@ -5,111 +5,115 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "clock.h"
-#include "log.h"
 #include "types.h"
 
-static ces_replay_status_t replay_status(ces_pipeline_status_t st) {
-    switch (st) {
-    case CES_PIPELINE_OK: return CES_REPLAY_OK;
-    case CES_PIPELINE_INTERRUPTED: return CES_REPLAY_INTERRUPTED;
-    case CES_PIPELINE_FATAL: break;
-    }
-    return CES_REPLAY_FATAL;
+struct ces_replay_s {
+    char *const *paths;
+    size_t npaths;
+    size_t next_path; /* the file to open after the current one */
+    FILE *file;       /* the current file; NULL between files */
+    const char *path; /* ... and its name */
+    int64_t line_no;
+    char *line;
+    size_t line_capacity;
+};
+
+ces_replay_t *ces_replay_new(char *const *paths, size_t npaths) {
+    ces_replay_t *r = calloc(1, sizeof(*r));
+    if (r == NULL)
+        return NULL;
+    r->paths = paths;
+    r->npaths = npaths;
+    return r;
 }
 
-static ces_replay_status_t replay_file(ces_pipeline_t *p, const char *path,
-                                       volatile sig_atomic_t *stop, char *errstr,
-                                       size_t errstr_size) {
-    ces_replay_status_t rc = CES_REPLAY_OK;
-    FILE *f = strcmp(path, "-") == 0 ? stdin : fopen(path, "r");
-    if (f == NULL) {
-        snprintf(errstr, errstr_size, "%s: %s", path, strerror(errno));
-        return CES_REPLAY_IO;
+static void close_file(ces_replay_t *r) {
+    if (r->file != NULL && r->file != stdin)
+        fclose(r->file);
+    r->file = NULL;
+}
+
+void ces_replay_destroy(ces_replay_t *r) {
+    if (r == NULL)
+        return;
+    close_file(r);
+    free(r->line);
+    free(r);
+}
+
+/* The record of one non-blank line (len > start), in a buffer of its own: the JSON text, or the
+ * bytes its base64 stands for. Returns the buffer (the record's handle), or NULL when out of
+ * memory. */
+static unsigned char *line_record(const char *line, size_t start, size_t len, size_t *out_len) {
+    unsigned char *buf = malloc(len + 4); /* what ces_base64_decode may need */
+    if (buf == NULL)
+        return NULL;
+    long n = line[start] == '{' ? -1 : ces_base64_decode(line + start, len - start, buf);
+    if (n < 0) {
+        /* JSON, or not base64 either: the line as it is; the decoder says what it is not. */
+        memcpy(buf, line, len);
+        *out_len = len;
+    } else {
+        *out_len = (size_t)n;
     }
-    char *line = NULL;
-    size_t cap = 0;
-    unsigned char *binary = NULL;
-    size_t binary_cap = 0;
-    ssize_t len;
-    int64_t line_no = 0;
-    errno = 0;
-    while ((len = getline(&line, &cap, f)) >= 0) {
-        line_no++;
-        if (stop != NULL && *stop) {
-            rc = CES_REPLAY_INTERRUPTED;
-            goto done;
+    return buf;
+}
+
+static ces_poll_status_t replay_poll(void *opaque, int timeout_ms, ces_record_t *record,
+                                     char *errstr, size_t errstr_size) {
+    (void)timeout_ms; /* a file never makes anyone wait */
+    ces_replay_t *r = opaque;
+    for (;;) {
+        if (r->file == NULL) {
+            if (r->next_path == r->npaths)
+                return CES_POLL_END;
+            r->path = r->paths[r->next_path++];
+            r->line_no = 0;
+            r->file = strcmp(r->path, "-") == 0 ? stdin : fopen(r->path, "r");
+            if (r->file == NULL) {
+                snprintf(errstr, errstr_size, "%s: %s", r->path, strerror(errno));
+                return CES_POLL_FATAL;
+            }
         }
-        while (len > 0 && (line[len - 1] == '\n' || line[len - 1] == '\r'))
-            line[--len] = '\0';
-        size_t start = strspn(line, " \t");
+        errno = 0;
+        ssize_t len = getline(&r->line, &r->line_capacity, r->file);
+        if (len < 0) {
+            bool failed = ferror(r->file);
+            int err = errno;
+            close_file(r);
+            if (failed) {
+                snprintf(errstr, errstr_size, "%s: %s", r->path, strerror(err));
+                return CES_POLL_FATAL;
+            }
+            continue;
+        }
+        r->line_no++;
+        while (len > 0 && (r->line[len - 1] == '\n' || r->line[len - 1] == '\r'))
+            r->line[--len] = '\0';
+        size_t start = strspn(r->line, " \t");
         if ((size_t)len == start)
             continue; /* blank line */
-        ces_record_t rec = {.topic = path, .partition = 0, .offset = line_no, .handle = NULL};
-        if (line[start] == '{') {
-            rec.value = line;
-            rec.len = (size_t)len;
-        } else {
-            size_t need = (size_t)len * 3 / 4 + 3;
-            if (need > binary_cap) {
-                unsigned char *b = realloc(binary, need);
-                if (b == NULL) {
-                    snprintf(errstr, errstr_size, "out of memory");
-                    rc = CES_REPLAY_FATAL;
-                    goto done;
-                }
-                binary = b;
-                binary_cap = need;
-            }
-            long n = ces_base64_decode(line + start, (size_t)len - start, binary);
-            if (n < 0) {
-                /* Not base64 either: keep the line as it is; the decoder says what it is not. */
-                rec.value = line;
-                rec.len = (size_t)len;
-            } else {
-                rec.value = binary;
-                rec.len = (size_t)n;
-            }
+        size_t value_len;
+        unsigned char *value = line_record(r->line, start, (size_t)len, &value_len);
+        if (value == NULL) {
+            snprintf(errstr, errstr_size, "out of memory");
+            return CES_POLL_FATAL;
         }
-        int64_t now = ces_clock_now_ms();
-        if (ces_pipeline_add(p, &rec, now, errstr, errstr_size) != CES_PIPELINE_OK ||
-            ces_pipeline_tick(p, now, errstr, errstr_size) != CES_PIPELINE_OK) {
-            rc = CES_REPLAY_FATAL;
-            goto done;
-        }
-        /* A full batch is applied while the next lines are read. */
-        if (ces_pipeline_due(p, now) &&
-            (rc = replay_status(ces_pipeline_send(p, errstr, errstr_size))) != CES_REPLAY_OK)
-            goto done;
+        *record = (ces_record_t){.topic = r->path,
+                                 .partition = 0,
+                                 .offset = r->line_no,
+                                 .value = value,
+                                 .len = value_len,
+                                 .handle = value};
+        return CES_POLL_RECORD;
     }
-    if (ferror(f)) {
-        snprintf(errstr, errstr_size, "%s: %s", path, strerror(errno));
-        rc = CES_REPLAY_IO;
-    }
-done:
-    free(line);
-    free(binary);
-    if (f != stdin)
-        fclose(f);
-    return rc;
 }
 
-ces_replay_status_t ces_replay_files(ces_pipeline_t *p, char *const *paths, size_t npaths,
-                                     volatile sig_atomic_t *stop, char *errstr,
-                                     size_t errstr_size) {
-    for (size_t i = 0; i < npaths; i++) {
-        ces_replay_status_t rc = replay_file(p, paths[i], stop, errstr, errstr_size);
-        if (rc != CES_REPLAY_OK) {
-            /* What was sent before the failure is committed, as if it had been applied at once. */
-            char why[256];
-            if (ces_pipeline_complete(p, why, sizeof(why)) != CES_PIPELINE_OK)
-                ces_log_error("the last batch sent: %s", why);
-            return rc;
-        }
-    }
-    /* Nothing more will come: held transactions are complete, incomplete segment groups are dead
-     * letters now. */
-    if (ces_pipeline_drain(p, errstr, errstr_size) != CES_PIPELINE_OK)
-        return CES_REPLAY_FATAL;
-    return replay_status(ces_pipeline_flush(p, errstr, errstr_size));
+static void replay_release(void *opaque, void *handle) {
+    (void)opaque;
+    free(handle);
+}
+
+void ces_replay_feed(ces_replay_t *r, ces_feed_t *feed) {
+    *feed = (ces_feed_t){.poll = replay_poll, .release = replay_release, .opaque = r};
 }

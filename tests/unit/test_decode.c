@@ -13,7 +13,7 @@
 
 #include "avro.h"
 #include "decode.h"
-#include "replay.h"
+#include "types.h" /* ces_base64_decode */
 
 static ces_decoder_t *new_decoder(void) {
     ces_decode_limits_t limits;

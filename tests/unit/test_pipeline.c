@@ -5,7 +5,7 @@
  */
 #include "test_util.h"
 
-#include "pipeline.h"
+#include "pipeline_int.h"
 
 #define WINDOW 200
 
@@ -79,12 +79,12 @@ static void feed(ces_pipeline_t *p, int32_t partition, int64_t offset, unsigned 
     ces_record_t r = {.topic = "ces", .partition = partition, .offset = offset, .value = rec,
                       .len = strlen(rec)};
     char err[256];
-    assert_int_equal(ces_pipeline_add(p, &r, now, err, sizeof(err)), CES_PIPELINE_OK);
+    assert_int_equal(ces_intake_add(p, &r, now, err, sizeof(err)), CES_PIPELINE_OK);
 }
 
 static void tick(ces_pipeline_t *p, int64_t now) {
     char err[256];
-    assert_int_equal(ces_pipeline_tick(p, now, err, sizeof(err)), CES_PIPELINE_OK);
+    assert_int_equal(ces_release_tick(p, now, err, sizeof(err)), CES_PIPELINE_OK);
 }
 
 static unsigned seq_at(ces_pipeline_t *p, size_t i) {
@@ -102,7 +102,7 @@ static void interleaved_across_partitions(void **state) {
     feed(p, 1, 0, 10, 2, 3, 1);
     tick(p, 1);
     assert_int_equal(ces_pipeline_batch_events(p), 0); /* partition 1 may have more of T1 */
-    ces_pipeline_partition_eof(p, "ces", 1, 1);
+    ces_release_partition_eof(p, "ces", 1, 1);
     tick(p, 1 + WINDOW - 1);
     assert_int_equal(ces_pipeline_batch_events(p), 0); /* caught up, but not quiet long enough */
     tick(p, 1 + WINDOW);
@@ -123,7 +123,7 @@ static void lagging_partition_holds_everything(void **state) {
     ces_pipeline_t *p = new_pipeline();
     feed(p, 0, 0, 10, 1, 1, 0);
     feed(p, 0, 1, 11, 1, 2, 0);
-    ces_pipeline_partition_eof(p, "ces", 0, 2);
+    ces_release_partition_eof(p, "ces", 0, 2);
     /* Partition 1 delivered an older commit and is still reading (no EOF): it may still deliver
      * more of 5, or events of 10 or 11, however long it takes. */
     feed(p, 1, 0, 5, 1, 3, 0);
@@ -145,8 +145,8 @@ static void duplicates_and_quiet_partition(void **state) {
     ces_pipeline_t *p = new_pipeline();
     feed(p, 0, 0, 10, 1, 1, 0);
     feed(p, 1, 0, 10, 1, 1, 0); /* the same event resent through another partition */
-    ces_pipeline_partition_eof(p, "ces", 0, 0);
-    ces_pipeline_partition_eof(p, "ces", 1, 0);
+    ces_release_partition_eof(p, "ces", 0, 0);
+    ces_release_partition_eof(p, "ces", 1, 0);
     tick(p, WINDOW);
     assert_int_equal(ces_pipeline_batch_events(p), 1);
     ces_pipeline_stats_t st;
@@ -161,8 +161,8 @@ static void feed_three_transactions(ces_pipeline_t *p) {
     feed(p, 0, 1, 10, 2, 2, 0);
     feed(p, 0, 2, 11, 1, 3, 0);
     feed(p, 1, 0, 12, 1, 4, 0);
-    ces_pipeline_partition_eof(p, "ces", 0, 3);
-    ces_pipeline_partition_eof(p, "ces", 1, 1);
+    ces_release_partition_eof(p, "ces", 0, 3);
+    ces_release_partition_eof(p, "ces", 1, 1);
 }
 
 /* A batch that does not fill is applied at the first pause in arrivals once it is 5 ms old (the
@@ -173,11 +173,11 @@ static void open_batch_settles_after_5_ms(void **state) {
     feed_three_transactions(p);
     tick(p, 1000); /* released at 1000: the batch opens then */
     assert_int_equal(ces_pipeline_batch_events(p), 4);
-    assert_false(ces_pipeline_settled(p, 1004));
-    assert_true(ces_pipeline_settled(p, 1005));
-    assert_int_equal(ces_pipeline_wait_ms(p, 1001, 50), 4);
-    assert_false(ces_pipeline_due(p, 1099));
-    assert_true(ces_pipeline_due(p, 1100));
+    assert_false(ces_loop_settled(p, 1004));
+    assert_true(ces_loop_settled(p, 1005));
+    assert_int_equal(ces_loop_wait_ms(p, 1001, 50), 4);
+    assert_false(ces_loop_due(p, 1099));
+    assert_true(ces_loop_due(p, 1100));
     ces_pipeline_destroy(p);
 }
 
@@ -190,7 +190,7 @@ static void batch_full_by_bytes(void **state) {
     feed_three_transactions(p);
     tick(p, WINDOW);
     assert_int_equal(ces_pipeline_batch_events(p), 4);
-    assert_false(ces_pipeline_due(p, WINDOW));
+    assert_false(ces_loop_due(p, WINDOW));
     size_t first = ces_arena_footprint(ces_pipeline_batch_item(p, 0)->arena) +
                    ces_arena_footprint(ces_pipeline_batch_item(p, 1)->arena);
     ces_pipeline_destroy(p);
@@ -199,11 +199,11 @@ static void batch_full_by_bytes(void **state) {
      * smaller, so it is not streamed either.) */
     p = new_pipeline_sized(first);
     feed_three_transactions(p);
-    assert_false(ces_pipeline_due(p, 0));
+    assert_false(ces_loop_due(p, 0));
     tick(p, WINDOW);
     assert_int_equal(ces_pipeline_batch_events(p), 2);
     assert_int_equal(seq_at(p, 1), 2);
-    assert_true(ces_pipeline_due(p, WINDOW));
+    assert_true(ces_loop_due(p, WINDOW));
     tick(p, WINDOW);
     assert_int_equal(ces_pipeline_batch_events(p), 2); /* full: nothing more is added */
     ces_pipeline_destroy(p);
@@ -213,7 +213,7 @@ static void batch_full_by_bytes(void **state) {
     feed_three_transactions(p);
     tick(p, WINDOW);
     assert_int_equal(ces_pipeline_batch_events(p), 3);
-    assert_true(ces_pipeline_due(p, WINDOW));
+    assert_true(ces_loop_due(p, WINDOW));
     ces_pipeline_destroy(p);
 }
 
@@ -227,7 +227,7 @@ static void group_that_never_completes(void **state) {
     ces_record_t r = {.topic = "ces", .partition = 1, .offset = 7, .value = seg,
                       .len = strlen(seg)};
     char err[256];
-    assert_int_equal(ces_pipeline_add(p, &r, 0, err, sizeof(err)), CES_PIPELINE_OK);
+    assert_int_equal(ces_intake_add(p, &r, 0, err, sizeof(err)), CES_PIPELINE_OK);
     tick(p, 4999);
     assert_int_equal(ces_pipeline_batch_events(p), 0);
     tick(p, 5000); /* reassembly timeout: a dead letter, nothing blocks */
@@ -264,7 +264,7 @@ static void feed_segment(ces_pipeline_t *p, int64_t offset, int index, bool fina
     ces_record_t r = {.topic = "ces", .partition = index, .offset = offset, .value = rec,
                       .len = strlen(rec)};
     char err[256];
-    assert_int_equal(ces_pipeline_add(p, &r, 0, err, sizeof(err)), CES_PIPELINE_OK);
+    assert_int_equal(ces_intake_add(p, &r, 0, err, sizeof(err)), CES_PIPELINE_OK);
 }
 
 /*
@@ -294,8 +294,8 @@ static void last_of_two_zero_based_segments(void **state) {
             feed_segment(p, 0, 0, false, first);
             feed_segment(p, 0, 1, true, split);
         }
-        ces_pipeline_partition_eof(p, "ces", 0, 1);
-        ces_pipeline_partition_eof(p, "ces", 1, 1);
+        ces_release_partition_eof(p, "ces", 0, 1);
+        ces_release_partition_eof(p, "ces", 1, 1);
         tick(p, WINDOW);
         assert_int_equal(ces_pipeline_batch_events(p), 1);
         const ces_item_t *item = ces_pipeline_batch_item(p, 0);
@@ -358,16 +358,16 @@ static void staged_records_decode_alike(void **state) {
         ces_record_t r = {.topic = "ces", .partition = (int32_t)(i % 2), .offset = (int64_t)i,
                           .value = recs[i]};
         r.len = mixed_record(i, recs[i], sizeof(recs[i]));
-        assert_int_equal(ces_pipeline_add(one, &r, 0, err, sizeof(err)), CES_PIPELINE_OK);
+        assert_int_equal(ces_intake_add(one, &r, 0, err, sizeof(err)), CES_PIPELINE_OK);
         staged++;
-        if (ces_pipeline_stage(many, &r)) {
+        if (ces_intake_stage(many, &r)) {
             assert_int_equal(staged, 32); /* short records: the stage fills by count */
-            assert_int_equal(ces_pipeline_add_staged(many, 0, true, err, sizeof(err)),
+            assert_int_equal(ces_intake_take(many, 0, true, err, sizeof(err)),
                              CES_PIPELINE_OK);
             staged = 0;
         }
     }
-    assert_int_equal(ces_pipeline_add_staged(many, 0, false, err, sizeof(err)), CES_PIPELINE_OK);
+    assert_int_equal(ces_intake_take(many, 0, false, err, sizeof(err)), CES_PIPELINE_OK);
     tick(one, 0);
     tick(many, 0);
     /* 78 whole events, 10 + 10 dead letters, one event of two segments. */
@@ -415,33 +415,33 @@ static void stage_room_follows_the_batch(void **state) {
     int32_t parts[1] = {0};
     int64_t offsets[1];
     assert_int_equal(ces_pipeline_on_assigned(p, "ces", parts, 1, offsets), 0);
-    assert_int_equal(ces_pipeline_stage_room(p), 10);
+    assert_int_equal(ces_intake_room(p), 10);
     static char recs[10][2048];
     char err[256];
     for (int i = 0; i < 4; i++) {
         ces_record_t r = {.topic = "ces", .partition = 0, .offset = i, .value = recs[i]};
         make_record(recs[i], sizeof(recs[i]), (unsigned)i + 1, 1, i);
         r.len = strlen(recs[i]);
-        assert_false(ces_pipeline_stage(p, &r));
+        assert_false(ces_intake_stage(p, &r));
     }
-    assert_int_equal(ces_pipeline_stage_room(p), 6);
+    assert_int_equal(ces_intake_room(p), 6);
     /* Decoded ahead, not taken in yet: they still count. */
-    assert_int_equal(ces_pipeline_add_staged(p, 0, true, err, sizeof(err)), CES_PIPELINE_OK);
-    assert_true(ces_pipeline_has_staged(p));
+    assert_int_equal(ces_intake_take(p, 0, true, err, sizeof(err)), CES_PIPELINE_OK);
+    assert_true(ces_intake_busy(p));
     assert_int_equal(ces_pipeline_batch_events(p), 0);
-    assert_int_equal(ces_pipeline_stage_room(p), 6);
+    assert_int_equal(ces_intake_room(p), 6);
     for (int i = 4; i < 10; i++) {
         ces_record_t r = {.topic = "ces", .partition = 0, .offset = i, .value = recs[i]};
         make_record(recs[i], sizeof(recs[i]), (unsigned)i + 1, 1, i);
         r.len = strlen(recs[i]);
-        ces_pipeline_stage(p, &r);
+        ces_intake_stage(p, &r);
     }
-    assert_int_equal(ces_pipeline_stage_room(p), 0);
-    assert_int_equal(ces_pipeline_add_staged(p, 0, false, err, sizeof(err)), CES_PIPELINE_OK);
-    assert_false(ces_pipeline_has_staged(p));
+    assert_int_equal(ces_intake_room(p), 0);
+    assert_int_equal(ces_intake_take(p, 0, false, err, sizeof(err)), CES_PIPELINE_OK);
+    assert_false(ces_intake_busy(p));
     assert_int_equal(ces_pipeline_batch_events(p), 10);
-    assert_int_equal(ces_pipeline_stage_room(p), 0);
-    assert_true(ces_pipeline_due(p, 0));
+    assert_int_equal(ces_intake_room(p), 0);
+    assert_true(ces_loop_due(p, 0));
     ces_pipeline_destroy(p);
 }
 

@@ -1,0 +1,496 @@
+/*
+ * intake: records in, events and dead letters out (pipeline.h names the room's other files).
+ *
+ * A record is staged, decoded (by the team of decoding threads when there is one: staging lets the
+ * helpers decode one stage while this thread takes in the one before), and taken in on the loop's
+ * thread, in order: a whole event goes to the orderer (transaction mode) or into the batch
+ * (partition mode), a segment to the reassembler, anything that cannot be decoded into the batch as
+ * a dead letter with the record's bytes. Events of tables left out by schema.include/exclude are
+ * counted and dropped here.
+ */
+#include "pipeline_int.h"
+
+#include <fnmatch.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "log.h"
+
+/* Releases the records of a stage from item from on, undecoded or decoded (not while the team
+ * works on it). */
+static void unstage(ces_pipeline_t *p, stage_t *stage, size_t from) {
+    for (size_t i = from; i < stage->count; i++) {
+        staged_t *s = &stage->items[i];
+        ces_intake_release(p, s->rec.handle);
+        ces_arena_destroy(s->arena);
+        s->arena = NULL;
+    }
+    stage->count = 0;
+    stage->bytes = 0;
+}
+
+static void prepare(void *worker, void *job, size_t item);
+
+/* The stage the team decodes, complete (this thread doing what is left), or NULL. */
+static stage_t *finish_decoding(ces_pipeline_t *p) {
+    stage_t *stage = p->decoding;
+    if (stage != NULL)
+        ces_team_finish(p->team, prepare, stage, p->decoder, stage->count);
+    p->decoding = NULL;
+    return stage;
+}
+
+/* Records read but not taken in are dropped: after a seek back, or a failure, they are read
+ * again. */
+void ces_intake_drop(ces_pipeline_t *p) {
+    stage_t *decoded = finish_decoding(p);
+    if (decoded != NULL)
+        unstage(p, decoded, 0);
+    unstage(p, p->filling, 0);
+}
+
+/* Adds a dead-letter item; takes arena. */
+static int add_dead_letter(ces_pipeline_t *p, const ces_source_t *source, const char *reason,
+                           const char *logicalid, const void *raw, size_t raw_len,
+                           ces_arena_t *arena) {
+    ces_item_t item = {
+        .kind = CES_ITEM_DEAD_LETTER,
+        .source = *source,
+        .arena = arena,
+        .raw = raw,
+        .raw_len = raw_len,
+        .reason = ces_arena_strndup(arena, reason, strlen(reason)),
+        .logicalid = logicalid ? ces_arena_strndup(arena, logicalid, strlen(logicalid)) : NULL,
+    };
+    if (item.reason == NULL || (logicalid != NULL && item.logicalid == NULL) ||
+        ces_batch_push(&p->batch, &item) != 0) {
+        ces_arena_destroy(arena);
+        return -1;
+    }
+    ces_log_warning("dead letter: %s[%d]@%lld: %s", source->topic, (int)source->partition,
+                    (long long)source->offset, reason);
+    return 0;
+}
+
+static bool matches_any(const char *const *globs, size_t n, const char *name) {
+    for (size_t i = 0; i < n; i++) {
+        if (fnmatch(globs[i], name, FNM_CASEFOLD) == 0)
+            return true;
+    }
+    return false;
+}
+
+/* schema.include / schema.exclude on "schema.table" (case-insensitive, like SQL Server names). */
+static bool table_selected(const ces_pipeline_t *p, const ces_event_t *event) {
+    if (p->options.ninclude == 0 && p->options.nexclude == 0)
+        return true;
+    char name[2 * CES_DECODE_MAX_NAME_BYTES + 2]; /* never cut */
+    const char *parts[] = {event->schema, event->table};
+    ces_map_key(name, sizeof(name), '.', parts, 2);
+    if (p->options.ninclude > 0 && !matches_any(p->options.include, p->options.ninclude, name))
+        return false;
+    return !matches_any(p->options.exclude, p->options.nexclude, name);
+}
+
+/* An event item: straight into the batch (partition mode) or held by the orderer. Takes arena;
+ * more lists the other records the event was joined from (may be NULL). */
+static int add_event(ces_pipeline_t *p, const ces_source_t *source, const ces_event_t *event,
+                     const void *raw, size_t raw_len, ces_arena_t *arena,
+                     const ces_source_t *more, size_t nmore) {
+    if ((unsigned)event->op < 4)
+        p->stats.events_consumed[event->op]++;
+    if (p->order != NULL) {
+        /* Even a skipped event tells how far its partitions have come. */
+        ces_release_saw_commit(p, source, event->position.commit_lsn);
+        for (size_t i = 0; i < nmore; i++)
+            ces_release_saw_commit(p, &more[i], event->position.commit_lsn);
+    }
+    if (!table_selected(p, event)) {
+        p->stats.excluded++;
+        ces_arena_destroy(arena);
+        return 0;
+    }
+    ces_item_t tmp = {
+        .kind = CES_ITEM_EVENT,
+        .source = *source,
+        .event = *event,
+        .logicalid = event->logicalid,
+        .more_sources = more,
+        .nmore_sources = nmore,
+        .raw = raw,
+        .raw_len = raw_len,
+        .arena = arena,
+    };
+    if (p->order == NULL) {
+        if (ces_batch_push(&p->batch, &tmp) != 0) {
+            ces_arena_destroy(arena);
+            return -1;
+        }
+        return 0;
+    }
+    /* A duplicate's arena (and the event in it) is freed by ces_order_add: keep its id for the
+     * log line. */
+    char logicalid[160] = "";
+    if (ces_log_current_level >= CES_LOG_DEBUG)
+        snprintf(logicalid, sizeof(logicalid), "%s", event->logicalid ? event->logicalid : "");
+    switch (ces_order_add(p->order, &tmp)) {
+    case CES_ORDER_HELD:
+        return 0;
+    case CES_ORDER_DUPLICATE: /* counted by the orderer (ces_pipeline_get_stats) */
+        ces_log_debug("duplicate of an applied or held event skipped: %s[%d]@%lld (%s)",
+                      source->topic, (int)source->partition, (long long)source->offset,
+                      logicalid);
+        return 0;
+    case CES_ORDER_NOMEM:
+        break;
+    }
+    ces_arena_destroy(arena);
+    return -1;
+}
+
+static bool is_whole(const ces_envelope_t *env) {
+    if (env->legacy)
+        return env->split_total == 0 || env->split_total == 1;
+    return env->final_segment && env->index <= 1;
+}
+
+/* Dead-letters every segment of a group that cannot be applied; takes the group. */
+static int give_up_group(ces_pipeline_t *p, ces_reasm_group_t *g, const char *reason) {
+    int rc = 0;
+    for (size_t i = 0; i < g->count; i++) {
+        ces_segment_t *s = &g->segments[i];
+        if (add_dead_letter(p, &s->source, reason, g->logicalid, s->raw, s->raw_len,
+                            s->arena) != 0)
+            rc = -1;
+    }
+    g->count = 0; /* every segment now belongs to an item */
+    ces_reasm_group_free(g);
+    return rc;
+}
+
+/* A complete group: decode the joined Data into one event item. */
+static int add_joined(ces_pipeline_t *p, ces_reasm_group_t *g, char *errstr, size_t errstr_size) {
+    ces_arena_t *arena = ces_arena_new();
+    if (arena == NULL)
+        return -1;
+    /* The event outlives the segments: copy what it borrows from the first envelope. */
+    ces_envelope_t env = g->segments[0].envelope;
+    env.id = ces_arena_strndup(arena, env.id, strlen(env.id));
+    env.logicalid = ces_arena_strndup(arena, env.logicalid, strlen(env.logicalid));
+    env.time = env.time ? ces_arena_strndup(arena, env.time, strlen(env.time)) : NULL;
+    char *data = ces_arena_strndup(arena, g->data, g->data_len);
+    if (env.id == NULL || env.logicalid == NULL || data == NULL) {
+        ces_arena_destroy(arena);
+        return -1;
+    }
+    ces_event_t event;
+    char reason[512];
+    ces_decode_status_t st =
+        ces_decode_event(p->decoder, arena, &env, data, g->data_len, &event, reason, sizeof(reason));
+    if (st == CES_DECODE_NOMEM) {
+        ces_arena_destroy(arena);
+        snprintf(errstr, errstr_size, "out of memory");
+        return -1;
+    }
+    if (st == CES_DECODE_REJECTED) {
+        ces_arena_destroy(arena);
+        if (g->candidate_base1) {
+            /* Indexes 1..final were there but the join does not decode: the base is 0 and the first
+             * segment is still to come. */
+            return ces_reasm_put_back(p->reasm, g) == CES_REASM_NOMEM ? -1 : 0;
+        }
+        char why[600];
+        snprintf(why, sizeof(why), "joined segments: %s", reason);
+        return give_up_group(p, g, why);
+    }
+    /* The event stands for every segment: each one's partition must not store a position past it
+     * until the event is applied. */
+    ces_source_t source = g->segments[0].source;
+    ces_source_t *more = NULL;
+    if (g->count > 1) {
+        more = ces_arena_alloc(arena, (g->count - 1) * sizeof(*more));
+        if (more == NULL) {
+            ces_arena_destroy(arena);
+            return -1;
+        }
+        for (size_t i = 1; i < g->count; i++)
+            more[i - 1] = g->segments[i].source;
+    }
+    int rc = add_event(p, &source, &event, data, g->data_len, arena, more, g->count - 1);
+    ces_reasm_group_free(g);
+    return rc;
+}
+
+static ces_pipeline_status_t handle_reasm(ces_pipeline_t *p, ces_reasm_status_t rs,
+                                          ces_reasm_group_t *g, const char *reason, char *errstr,
+                                          size_t errstr_size) {
+    switch (rs) {
+    case CES_REASM_HELD:
+        return CES_PIPELINE_OK;
+    case CES_REASM_COMPLETE:
+        return add_joined(p, g, errstr, errstr_size) == 0 ? CES_PIPELINE_OK : CES_PIPELINE_FATAL;
+    case CES_REASM_GIVEN_UP:
+        return give_up_group(p, g, reason) == 0 ? CES_PIPELINE_OK : CES_PIPELINE_FATAL;
+    case CES_REASM_DUPLICATE:
+        p->stats.duplicates++;
+        return CES_PIPELINE_OK;
+    case CES_REASM_NOMEM:
+        break;
+    }
+    snprintf(errstr, errstr_size, "out of memory");
+    return CES_PIPELINE_FATAL;
+}
+
+/*
+ * Decodes a staged record as far as it goes without the pipeline's state: its envelope and, for a
+ * whole event, its Data, in the slot's arena (take makes the compact copy the event is held as).
+ * Runs on any thread of the team, with that thread's decoder (worker).
+ */
+static void prepare(void *worker, void *job, size_t item) {
+    ces_decoder_t *decoder = worker;
+    staged_t *s = &((stage_t *)job)->items[item];
+    const ces_record_t *rec = &s->rec;
+    /* The record is copied: librdkafka's message is released when the record is taken in. (A
+     * held message keeps the buffer of its whole fetch alive. Measured on bench/run insert,
+     * this alone did not change peak RSS, which librdkafka's prefetch dominates; it removes the
+     * dependence on it.) The decoded tree and strings take about as much again as the record. */
+    if (s->arena == NULL)
+        s->arena = ces_arena_new_sized(rec->len * 2 + 512);
+    s->raw = s->arena != NULL ? ces_arena_strndup(s->arena, rec->value, rec->len) : NULL;
+    if (s->raw == NULL) {
+        s->nomem = true;
+        return;
+    }
+    s->envelope_status = ces_decode_envelope(decoder, s->arena, s->raw, rec->len, &s->env,
+                                             s->reason, sizeof(s->reason));
+    s->whole = s->envelope_status == CES_DECODE_OK && is_whole(&s->env);
+    if (!s->whole)
+        return;
+    /* The data string is the arena's copy, read only here: decoded in place (see take for the
+     * record that turns out to be a segment after all). */
+    s->event_status = ces_decode_event_in_place(decoder, s->arena, &s->env, (char *)s->env.data,
+                                                s->env.data_len, &s->event, s->reason,
+                                                sizeof(s->reason));
+}
+
+/* Takes in a prepared record, in order, on the loop's thread. */
+static ces_pipeline_status_t take_record(ces_pipeline_t *p, staged_t *s, int64_t now_ms,
+                                         char *errstr, size_t errstr_size) {
+    const ces_record_t *rec = &s->rec;
+    ces_arena_t *arena = s->arena;
+    s->arena = NULL;
+    ces_intake_release(p, rec->handle);
+    if (p->flying && (++p->adds & 15) == 0)
+        ces_apply_progress(p->apply);
+    const void *raw = s->raw;
+    if (s->nomem)
+        goto nomem;
+    ces_source_t source = {.topic = NULL, .partition = rec->partition, .offset = rec->offset};
+    partition_t *part = ces_pipeline_partition(p, rec->topic, rec->partition, true);
+    if (part == NULL)
+        goto nomem;
+    if (!p->options.store_offsets)
+        part->assigned = true; /* a replayed file is a partition of its own */
+    ces_positions_on_read(&part->pos, rec->offset);
+    part->at_eof = false;
+    part->last_record_ms = now_ms;
+    source.topic = part->topic;
+    p->stats.records++;
+    if (p->batch.count == 0)
+        p->batch_started_ms = now_ms;
+
+    ces_envelope_t env = s->env;
+    if (s->envelope_status == CES_DECODE_NOMEM)
+        goto nomem;
+    if (s->envelope_status == CES_DECODE_REJECTED) {
+        if (add_dead_letter(p, &source, s->reason, NULL, raw, rec->len, arena) != 0)
+            goto nomem_taken;
+        return CES_PIPELINE_OK;
+    }
+    if (s->whole) {
+        if (s->event_status == CES_DECODE_OK) {
+            /* Held, the event keeps only itself and its record: the decoding arena, JSON trees
+             * included, is several times their size. (Made here, not by the decoding thread:
+             * memory is then allocated and freed by this thread alone.) */
+            ces_arena_t *compact =
+                ces_arena_new_sized(ces_event_copy_size(&s->event) + rec->len + 16 + 64);
+            ces_event_t held;
+            const void *held_raw = compact ? ces_arena_strndup(compact, raw, rec->len) : NULL;
+            if (held_raw == NULL || ces_event_copy(&s->event, compact, &held) != 0) {
+                ces_arena_destroy(compact);
+                goto nomem;
+            }
+            ces_arena_reset(arena);
+            if (p->nspares < STAGE_RECORDS)
+                p->spares[p->nspares++] = arena;
+            else
+                ces_arena_destroy(arena);
+            if (add_event(p, &source, &held, held_raw, rec->len, compact, NULL, 0) != 0)
+                goto nomem_taken;
+            return CES_PIPELINE_OK;
+        }
+        if (s->event_status == CES_DECODE_NOMEM)
+            goto nomem;
+        /* A current-generation record with index 1 and finalsegment may also be the last of two
+         * 0-based segments: only then does its data fail to decode on its own. */
+        if (env.legacy || env.index != 1 || env.data == NULL) {
+            if (add_dead_letter(p, &source, s->reason, env.logicalid, raw, rec->len, arena) != 0)
+                goto nomem_taken;
+            return CES_PIPELINE_OK;
+        }
+        /* Its data went to the failed decoding: the segment takes the envelope read again. */
+        char again[512];
+        ces_decode_status_t st =
+            ces_decode_envelope(p->decoder, arena, raw, rec->len, &env, again, sizeof(again));
+        if (st == CES_DECODE_NOMEM)
+            goto nomem;
+        if (st != CES_DECODE_OK) {
+            /* It was read once already: the same bytes cannot fail now. */
+            if (add_dead_letter(p, &source, again, NULL, raw, rec->len, arena) != 0)
+                goto nomem_taken;
+            return CES_PIPELINE_OK;
+        }
+    }
+    if (env.data == NULL) {
+        if (add_dead_letter(p, &source, "a segment must carry data as a string", env.logicalid,
+                            raw, rec->len, arena) != 0)
+            goto nomem_taken;
+        return CES_PIPELINE_OK;
+    }
+    ces_segment_t seg = {
+        .source = source,
+        .envelope = env,
+        .index = env.index,
+        .final_segment = env.final_segment,
+        .split_total = env.legacy ? env.split_total : -1,
+        .data = env.data,
+        .data_len = env.data_len,
+        .raw = raw,
+        .raw_len = rec->len,
+        .arena = arena,
+    };
+    ces_reasm_group_t *group = NULL;
+    char reason[512];
+    ces_reasm_status_t rs =
+        ces_reasm_add(p->reasm, env.logicalid, &seg, now_ms, &group, reason, sizeof(reason));
+    return handle_reasm(p, rs, group, reason, errstr, errstr_size);
+nomem:
+    ces_arena_destroy(arena);
+nomem_taken:
+    snprintf(errstr, errstr_size, "out of memory");
+    return CES_PIPELINE_FATAL;
+}
+
+bool ces_intake_stage(ces_pipeline_t *p, const ces_record_t *rec) {
+    stage_t *stage = p->filling;
+    staged_t *s = &stage->items[stage->count++];
+    s->rec = *rec;
+    s->arena = p->nspares > 0 ? p->spares[--p->nspares] : NULL;
+    s->nomem = false;
+    s->whole = false;
+    stage->bytes += rec->len;
+    return stage->count == STAGE_RECORDS || stage->bytes >= STAGE_BYTES;
+}
+
+size_t ces_intake_room(const ces_pipeline_t *p) {
+    size_t room = STAGE_RECORDS - p->filling->count;
+    if (p->options.ordering != CES_ORDER_BY_PARTITION)
+        return room;
+    size_t limits = p->flying ? 2 : 1;
+    size_t staged = p->filling->count, staged_bytes = p->filling->bytes;
+    if (p->decoding != NULL) {
+        staged += p->decoding->count;
+        staged_bytes += p->decoding->bytes;
+    }
+    size_t events = p->batch.count + staged, max_events = limits * p->options.batch_max_events;
+    if (events >= max_events)
+        return 0;
+    if (max_events - events < room)
+        room = max_events - events;
+    /* A held event takes about twice its record's bytes (its compact copy and the record). */
+    if (p->options.batch_max_bytes > 0 &&
+        p->batch.bytes + 2 * staged_bytes >= limits * p->options.batch_max_bytes)
+        return 0;
+    return room;
+}
+
+bool ces_intake_busy(const ces_pipeline_t *p) {
+    return p->decoding != NULL || p->filling->count > 0;
+}
+
+/* Takes in a decoded stage's records, in order. */
+static ces_pipeline_status_t take_stage(ces_pipeline_t *p, stage_t *stage, int64_t now_ms,
+                                        char *errstr, size_t errstr_size) {
+    for (size_t i = 0; i < stage->count; i++) {
+        ces_pipeline_status_t st = take_record(p, &stage->items[i], now_ms, errstr, errstr_size);
+        if (st != CES_PIPELINE_OK) {
+            unstage(p, stage, i + 1);
+            return st;
+        }
+    }
+    stage->count = 0;
+    stage->bytes = 0;
+    return CES_PIPELINE_OK;
+}
+
+ces_pipeline_status_t ces_intake_take(ces_pipeline_t *p, int64_t now_ms, bool more_coming,
+                                      char *errstr, size_t errstr_size) {
+    stage_t *decoded = finish_decoding(p);
+    stage_t *next = p->filling;
+    if (more_coming && p->team != NULL && next->count > 0) {
+        /* The helpers decode the stage just filled while this thread takes in the one before
+         * and reads on: the pipeline's own work no longer leaves them idle. */
+        ces_team_start(p->team, prepare, next, next->count);
+        p->decoding = next;
+        p->filling = next == &p->stages[0] ? &p->stages[1] : &p->stages[0];
+        next = NULL;
+    } else {
+        ces_team_run(p->team, prepare, next, p->decoder, next->count);
+    }
+    ces_pipeline_status_t st = CES_PIPELINE_OK;
+    if (decoded != NULL)
+        st = take_stage(p, decoded, now_ms, errstr, errstr_size);
+    if (st == CES_PIPELINE_OK && next != NULL)
+        st = take_stage(p, next, now_ms, errstr, errstr_size);
+    if (st != CES_PIPELINE_OK)
+        ces_intake_drop(p);
+    return st;
+}
+
+ces_pipeline_status_t ces_intake_add(ces_pipeline_t *p, const ces_record_t *rec, int64_t now_ms,
+                                     char *errstr, size_t errstr_size) {
+    ces_intake_stage(p, rec);
+    return ces_intake_take(p, now_ms, false, errstr, errstr_size);
+}
+
+int ces_intake_expire(ces_pipeline_t *p, int64_t now_ms) {
+    ces_reasm_group_t *g;
+    while ((g = ces_reasm_expire(p->reasm, now_ms)) != NULL) {
+        char reason[300];
+        snprintf(reason, sizeof(reason),
+                 "segment group incomplete after %lld ms (reassembly.timeout_ms): %zu segment(s) "
+                 "received",
+                 (long long)p->options.reasm.timeout_ms, g->count);
+        if (p->batch.count == 0)
+            p->batch_started_ms = now_ms;
+        if (give_up_group(p, g, reason) != 0)
+            return -1;
+    }
+    return 0;
+}
+
+int ces_intake_give_up_all(ces_pipeline_t *p, int64_t now_ms) {
+    ces_reasm_group_t *g;
+    while ((g = ces_reasm_take_any(p->reasm)) != NULL) {
+        char reason[300];
+        snprintf(reason, sizeof(reason),
+                 "segment group incomplete at the end of the input: %zu segment(s) received",
+                 g->count);
+        if (p->batch.count == 0)
+            p->batch_started_ms = now_ms;
+        if (give_up_group(p, g, reason) != 0)
+            return -1;
+    }
+    return 0;
+}

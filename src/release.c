@@ -1,0 +1,215 @@
+/*
+ * release: when held source transactions go into the batch (transaction mode), when one too large
+ * for a batch is streamed, and which partitions stop fetching while too much is held
+ * (docs/semantics.md, "Ordering and atomicity").
+ *
+ * The rule: the oldest held transaction goes when every owned partition has either delivered a
+ * later commit (its frontier: CES keeps commit order within a partition for every partition scheme
+ * but None) or is caught up with the broker and has been quiet for apply.reorder_window_ms.
+ */
+#include "pipeline_int.h"
+
+#include <stdio.h>
+
+#include "log.h"
+
+void ces_release_saw_commit(ces_pipeline_t *p, const ces_source_t *source, ces_lsn_t lsn) {
+    partition_t *part = ces_pipeline_partition(p, source->topic, source->partition, false);
+    if (part != NULL && (!part->has_frontier || ces_lsn_compare(part->frontier, lsn) < 0)) {
+        part->frontier = lsn;
+        part->has_frontier = true;
+    }
+}
+
+void ces_release_partition_eof(ces_pipeline_t *p, const char *topic, int32_t partition,
+                               int64_t eof_offset) {
+    partition_t *part = ces_pipeline_partition(p, topic, partition, false);
+    if (part != NULL) {
+        part->at_eof = true;
+        part->eof_offset = eof_offset;
+    }
+}
+
+/* Is every partition we own past lsn (or caught up and quiet), so that no event of a transaction
+ * at or before lsn can still arrive? */
+typedef struct {
+    const ces_pipeline_t *p;
+    ces_lsn_t lsn;
+    int64_t now_ms;
+    int64_t window_ms;
+    bool ready;
+} ready_scan_t;
+
+/*
+ * Caught up and quiet for the window. The end-of-partition event only says the partition was caught
+ * up when it was fetched: if records arrived since (ces2pg was busy applying, or another partition
+ * kept it reading), the feed's cached high watermark is past what was read, and the partition is
+ * not quiet, however old its last record.
+ */
+static bool partition_quiet(const ces_pipeline_t *p, const partition_t *part, int64_t now_ms,
+                            int64_t window_ms) {
+    if (!part->at_eof || now_ms - part->last_record_ms < window_ms)
+        return false;
+    int64_t high;
+    if (p->feed.high_watermark != NULL &&
+        p->feed.high_watermark(p->feed.opaque, part->topic, part->partition, &high) == 0 &&
+        high > (part->pos.has_next ? part->pos.next : part->eof_offset))
+        return false;
+    return true;
+}
+
+static void scan_ready(void *value, void *arg) {
+    ready_scan_t *r = arg;
+    const partition_t *part = value;
+    if (!r->ready || !part->assigned)
+        return;
+    if (part->has_frontier && ces_lsn_compare(part->frontier, r->lsn) > 0)
+        return;
+    if (!partition_quiet(r->p, part, r->now_ms, r->window_ms))
+        r->ready = false;
+}
+
+/* Is every owned partition at or past lsn (or quiet), so that no older transaction can come? Then
+ * the transaction at lsn may be applied as it arrives, even before it is complete. */
+static void scan_startable(void *value, void *arg) {
+    ready_scan_t *r = arg;
+    const partition_t *part = value;
+    if (!r->ready || !part->assigned)
+        return;
+    if (part->has_frontier && ces_lsn_compare(part->frontier, r->lsn) >= 0)
+        return;
+    if (!partition_quiet(r->p, part, r->now_ms, r->window_ms))
+        r->ready = false;
+}
+
+static bool all_partitions(const ces_pipeline_t *p, void (*scan)(void *, void *), ces_lsn_t lsn,
+                           int64_t now_ms) {
+    ready_scan_t r = {p, lsn, now_ms, p->options.reorder_window_ms, true};
+    ces_map_each(p->partitions, scan, &r);
+    return r.ready;
+}
+
+/* Moves every complete source transaction, oldest first, into the batch (every one when drain). */
+static int release_transactions(ces_pipeline_t *p, int64_t now_ms, bool drain) {
+    if (p->order == NULL)
+        return 0;
+    if (p->streaming && !p->stream_complete) {
+        /* The streamed transaction's events are no longer held, so ask about its LSN directly. */
+        p->stream_complete = drain || all_partitions(p, scan_ready, p->stream_lsn, now_ms);
+    }
+    ces_lsn_t lsn;
+    /* Whole transactions only: the batch may grow past its size by the last one. */
+    while ((drain || !ces_pipeline_exceeds_batch(p, p->batch.count, p->batch.bytes)) &&
+           ces_order_oldest(p->order, &lsn, NULL, NULL)) {
+        if (!drain && !all_partitions(p, scan_ready, lsn, now_ms))
+            break;
+        if (p->batch.count == 0)
+            p->batch_started_ms = now_ms;
+        if (p->streaming && ces_lsn_compare(lsn, p->stream_lsn) >= 0)
+            p->stream_complete = true; /* ready at lsn means ready at the streamed one too */
+        if (ces_order_pop_oldest(p->order, &p->batch) < 0)
+            return -1;
+    }
+    return 0;
+}
+
+/* Streams the oldest transaction when it has outgrown a batch and nothing older can come. */
+static ces_pipeline_status_t stream_large_transaction(ces_pipeline_t *p, int64_t now_ms,
+                                                      char *errstr, size_t errstr_size) {
+    ces_lsn_t lsn;
+    size_t events, bytes;
+    if (p->order == NULL || p->stream_complete ||
+        !ces_order_oldest(p->order, &lsn, &events, &bytes) ||
+        !ces_pipeline_exceeds_batch(p, events, bytes))
+        return CES_PIPELINE_OK;
+    if (p->streaming) {
+        if (ces_lsn_compare(lsn, p->stream_lsn) != 0)
+            return CES_PIPELINE_OK;
+    } else {
+        if (!all_partitions(p, scan_startable, lsn, now_ms))
+            return CES_PIPELINE_OK;
+        ces_pipeline_status_t st = ces_flight_begin_stream(p, lsn, errstr, errstr_size);
+        if (st != CES_PIPELINE_OK || !p->streaming)
+            return st; /* or it went back to the stored positions */
+    }
+    if (p->batch.count == 0)
+        p->batch_started_ms = now_ms;
+    if (ces_order_pop_oldest(p->order, &p->batch) < 0) {
+        snprintf(errstr, errstr_size, "out of memory");
+        return CES_PIPELINE_FATAL;
+    }
+    /* Applied while the next part is read, like a full batch. */
+    return ces_flight_send(p, errstr, errstr_size);
+}
+
+/* Keeps memory bounded: while too many events, or too many bytes of them, wait for ordering,
+ * partitions that are not holding back the oldest transaction stop fetching; they resume once the
+ * backlog has halved. A partition that holds it back is resumed at once, whatever the backlog: the
+ * oldest transaction moves on while others are paused, and a paused partition it has overtaken
+ * would otherwise wait for a backlog that cannot shrink until that partition moves. */
+typedef enum { BOUND_PAUSE, BOUND_HOLD, BOUND_RESUME } bound_mode_t;
+
+typedef struct {
+    ces_pipeline_t *p;
+    bound_mode_t mode;
+    bool have_oldest;
+    ces_lsn_t oldest;
+} pause_scan_t;
+
+static void scan_pause(void *value, void *arg) {
+    pause_scan_t *ps = arg;
+    partition_t *part = value;
+    const ces_feed_t *feed = &ps->p->feed;
+    if (!part->assigned || feed->pause == NULL)
+        return;
+    /* A partition that has not passed the oldest transaction must keep going, or nothing moves. */
+    bool needed = !ps->have_oldest || !part->has_frontier ||
+                  ces_lsn_compare(part->frontier, ps->oldest) <= 0;
+    bool want = !needed && (ps->mode == BOUND_PAUSE || (ps->mode == BOUND_HOLD && part->paused));
+    if (want != part->paused && feed->pause(feed->opaque, part->topic, part->partition, want) == 0)
+        part->paused = want;
+}
+
+/* Where n stands against limit (0: none): 2 at or past it, 1 past half of it, 0 below. */
+static int mark(size_t n, size_t limit) {
+    if (limit == 0)
+        return 0;
+    return n >= limit ? 2 : n > limit / 2 ? 1 : 0;
+}
+
+static void bound_memory(ces_pipeline_t *p) {
+    if (p->order == NULL || p->options.max_pending_events == 0)
+        return;
+    int events = mark(ces_order_pending_events(p->order), p->options.max_pending_events);
+    int bytes = mark(ces_order_pending_bytes(p->order), p->options.max_pending_bytes);
+    int worst = events > bytes ? events : bytes;
+    pause_scan_t ps = {p, BOUND_RESUME, false, {0, 0}};
+    if (worst == 2)
+        ps.mode = BOUND_PAUSE;
+    else if (worst == 1)
+        ps.mode = BOUND_HOLD; /* between the marks: only needed partitions change */
+    ps.have_oldest = ces_order_oldest(p->order, &ps.oldest, NULL, NULL);
+    ces_map_each(p->partitions, scan_pause, &ps);
+}
+
+ces_pipeline_status_t ces_release_tick(ces_pipeline_t *p, int64_t now_ms, char *errstr,
+                                       size_t errstr_size) {
+    if (ces_intake_expire(p, now_ms) != 0 || release_transactions(p, now_ms, false) != 0) {
+        snprintf(errstr, errstr_size, "out of memory");
+        return CES_PIPELINE_FATAL;
+    }
+    ces_pipeline_status_t st = stream_large_transaction(p, now_ms, errstr, errstr_size);
+    if (st != CES_PIPELINE_OK)
+        return st;
+    bound_memory(p);
+    return CES_PIPELINE_OK;
+}
+
+ces_pipeline_status_t ces_release_drain(ces_pipeline_t *p, int64_t now_ms, char *errstr,
+                                        size_t errstr_size) {
+    if (ces_intake_give_up_all(p, now_ms) != 0 || release_transactions(p, now_ms, true) != 0) {
+        snprintf(errstr, errstr_size, "out of memory");
+        return CES_PIPELINE_FATAL;
+    }
+    return CES_PIPELINE_OK;
+}
