@@ -237,13 +237,6 @@ static void rewind_partition(void *value, void *arg) {
     int64_t target = ces_positions_on_rewind(&part->pos, stored);
     part->has_frontier = false; /* what it delivered is read again */
     part->at_eof = false;
-    if (target < 0) {
-        ces_log_warning("%s[%d]: no stored position to go back to; records read since the "
-                        "assignment will be read from Kafka's committed offset after the next "
-                        "rebalance",
-                        part->topic, (int)part->partition);
-        return;
-    }
     if (feed->seek != NULL && feed->seek(feed->opaque, part->topic, part->partition, target) != 0)
         r->failed = 1;
 }

@@ -19,6 +19,8 @@ void ces_positions_on_revoke(ces_partition_position_t *pos) {
 }
 
 void ces_positions_on_read(ces_partition_position_t *pos, int64_t offset) {
+    if (!pos->has_next)
+        pos->first = offset;
     pos->next = offset + 1;
     pos->has_next = true;
     pos->dirty = true;
@@ -48,14 +50,16 @@ void ces_positions_on_commit(ces_partition_position_t *pos, int64_t next) {
 }
 
 int64_t ces_positions_on_rewind(ces_partition_position_t *pos, int64_t stored) {
-    /* Without a stored position nothing of this assignment was committed: go back to where the
-     * assignment began, which is no later than the oldest record read since. */
-    int64_t target = stored >= 0 ? stored : pos->has_stored ? pos->stored : -1;
+    if (!pos->has_next)
+        return -1;
+    /* Records from first on were read under this assignment; any before it were never ours. */
+    int64_t target = stored >= 0 ? stored : pos->first;
     pos->has_stored = stored >= 0;
     pos->stored = stored;
     pos->dirty = false;
-    if (target >= 0)
-        pos->next = target;
+    pos->next = target;
+    if (target < pos->first)
+        pos->first = target;
     return target;
 }
 

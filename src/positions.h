@@ -29,8 +29,9 @@
 typedef struct {
     bool has_stored; /* PostgreSQL holds a position for the partition */
     int64_t stored;  /* ... and this is it: the fence of the next update */
-    bool has_next;   /* a record was read since the assignment (or the last rewind) */
+    bool has_next;   /* a record was read since the assignment */
     int64_t next;    /* the offset after the last record read */
+    int64_t first;   /* the first offset read since the assignment (has_next) */
     bool dirty;      /* records were read since the last stored position */
 } ces_partition_position_t;
 
@@ -57,8 +58,9 @@ void ces_positions_on_commit(ces_partition_position_t *pos, int64_t next);
 
 /*
  * Goes back to stored, the position PostgreSQL holds now (-1: none): records after it are read
- * again. Returns the offset to read from, or -1 when there is nowhere to go back to (nothing of
- * this assignment was committed and nothing was stored before it).
+ * again. Without one, nothing of this assignment was committed, and reading starts over at the
+ * first record read since the assignment. Returns the offset to read from, or -1 when no record
+ * was read since the assignment (nothing to go back over).
  */
 int64_t ces_positions_on_rewind(ces_partition_position_t *pos, int64_t stored);
 

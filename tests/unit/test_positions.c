@@ -1,0 +1,118 @@
+/*
+ * positions: the bookkeeping of what each partition may store (positions.h). The rules under test
+ * are the delivery guarantees: a stored position never passes a record not yet applied, the update
+ * is fenced on what PostgreSQL held, and going back never skips a record read but not committed.
+ */
+#include "test_util.h"
+
+#include "positions.h"
+
+#define NONE INT64_MAX /* nothing held back */
+
+static void read_records(ces_partition_position_t *pos, int64_t from, int64_t to) {
+    for (int64_t o = from; o < to; o++)
+        ces_positions_on_read(pos, o);
+}
+
+static void fresh_partition_stores_after_what_it_read(void **state) {
+    (void)state;
+    ces_partition_position_t pos;
+    ces_offset_update_t u;
+    ces_positions_on_assign(&pos, "t", 3, -1);
+    assert_false(ces_positions_to_store(&pos, "t", 3, NONE, &u)); /* nothing read yet */
+    assert_int_equal(ces_positions_next_to_apply(&pos), -1);
+    read_records(&pos, 100, 110);
+    assert_true(ces_positions_to_store(&pos, "t", 3, NONE, &u));
+    assert_string_equal(u.topic, "t");
+    assert_int_equal(u.partition, 3);
+    assert_false(u.has_expected); /* PostgreSQL has no row: the fence is "none" */
+    assert_int_equal(u.next, 110);
+    assert_int_equal(ces_positions_next_to_apply(&pos), 110);
+}
+
+static void held_records_hold_the_position_back(void **state) {
+    (void)state;
+    ces_partition_position_t pos;
+    ces_offset_update_t u;
+    ces_positions_on_assign(&pos, "t", 0, 50);
+    read_records(&pos, 50, 60);
+    /* Offset 53 is a segment (or a held event) not yet applied: 53 is the most that may go. */
+    assert_true(ces_positions_to_store(&pos, "t", 0, 53, &u));
+    assert_true(u.has_expected);
+    assert_int_equal(u.expected, 50);
+    assert_int_equal(u.next, 53);
+    ces_positions_on_commit(&pos, 53);
+    assert_true(pos.dirty); /* 53..59 were read and not stored */
+    assert_int_equal(ces_positions_next_to_apply(&pos), 53);
+    /* Still held: nothing new to store, and never a position at or before the stored one. */
+    assert_false(ces_positions_to_store(&pos, "t", 0, 53, &u));
+    assert_false(ces_positions_to_store(&pos, "t", 0, 40, &u));
+    assert_true(ces_positions_to_store(&pos, "t", 0, NONE, &u));
+    assert_int_equal(u.expected, 53); /* fenced on what was committed last */
+    assert_int_equal(u.next, 60);
+    ces_positions_on_commit(&pos, 60);
+    assert_false(pos.dirty);
+    assert_false(ces_positions_to_store(&pos, "t", 0, NONE, &u));
+}
+
+static void rewind_goes_back_to_the_stored_position(void **state) {
+    (void)state;
+    ces_partition_position_t pos;
+    ces_positions_on_assign(&pos, "t", 0, 10);
+    read_records(&pos, 10, 30);
+    ces_positions_on_commit(&pos, 20);
+    read_records(&pos, 30, 35);
+    /* Another instance moved the position to 25 meanwhile (the fence refused ours). */
+    assert_int_equal(ces_positions_on_rewind(&pos, 25), 25);
+    assert_int_equal(pos.stored, 25);
+    assert_false(pos.dirty);
+    ces_offset_update_t u;
+    assert_false(ces_positions_to_store(&pos, "t", 0, NONE, &u));
+    ces_positions_on_read(&pos, 25);
+    assert_true(ces_positions_to_store(&pos, "t", 0, NONE, &u));
+    assert_int_equal(u.expected, 25);
+    assert_int_equal(u.next, 26);
+}
+
+/* Nothing of the assignment was committed and PostgreSQL holds no position: the records read
+ * since the assignment are read again, from the first one; a later store cannot pass them. */
+static void rewind_without_stored_position_restarts_at_the_first_record_read(void **state) {
+    (void)state;
+    ces_partition_position_t pos;
+    ces_positions_on_assign(&pos, "t", 1, -1);
+    assert_int_equal(ces_positions_on_rewind(&pos, -1), -1); /* nothing read: nothing to redo */
+    read_records(&pos, 700, 720);
+    assert_int_equal(ces_positions_on_rewind(&pos, -1), 700);
+    assert_int_equal(pos.next, 700);
+    ces_offset_update_t u;
+    assert_false(ces_positions_to_store(&pos, "t", 1, NONE, &u));
+    read_records(&pos, 700, 705);
+    assert_true(ces_positions_to_store(&pos, "t", 1, NONE, &u));
+    assert_int_equal(u.next, 705);
+    assert_false(u.has_expected);
+    /* A second rewind still knows where the assignment's reading began. */
+    assert_int_equal(ces_positions_on_rewind(&pos, -1), 700);
+}
+
+static void revoke_forgets_everything(void **state) {
+    (void)state;
+    ces_partition_position_t pos;
+    ces_offset_update_t u;
+    ces_positions_on_assign(&pos, "t", 2, 5);
+    read_records(&pos, 5, 9);
+    ces_positions_on_revoke(&pos);
+    assert_false(ces_positions_to_store(&pos, "t", 2, NONE, &u));
+    assert_int_equal(ces_positions_next_to_apply(&pos), -1);
+    assert_int_equal(ces_positions_on_rewind(&pos, 7), -1);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(fresh_partition_stores_after_what_it_read),
+        cmocka_unit_test(held_records_hold_the_position_back),
+        cmocka_unit_test(rewind_goes_back_to_the_stored_position),
+        cmocka_unit_test(rewind_without_stored_position_restarts_at_the_first_record_read),
+        cmocka_unit_test(revoke_forgets_everything),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
