@@ -30,7 +30,7 @@ static double now_s(void) {
 
 /*
  * --parse-json: the least JSON work any CES decoder built on yajl must do, done to every record.
- * Each record is three JSON layers (CES.md §4): the envelope, the `data` string it carries, and the
+ * Each record is three JSON layers (docs/ces-format.md): the envelope, the `data` string it carries, and the
  * row images `old` and `current` inside that. Each layer is read once with yajl's callback parser,
  * strings unchecked (yajl_dont_validate_strings) and numbers left as text, building nothing and
  * copying nothing: the inner layers are parsed from inside the callback that hands their string

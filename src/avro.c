@@ -16,7 +16,7 @@
 #include <string.h>
 
 /* ---------------------------------------------------------------------------------------------
- * Schemas. CES.md §5 gives the fields and their order; the record names are ours (a container's
+ * Schemas. docs/ces-format.md ("Avro binary encoding") gives the fields and their order; the record names are ours (a container's
  * writer schema is compared by structure, not by name).
  */
 
@@ -529,7 +529,7 @@ static const char *schema_type_name(const ces_json_t *t) {
     return NULL;
 }
 
-/* The container's writer schema must be the ChangeEvent schema of CES.md §5, field for field. */
+/* The container's writer schema must be the ChangeEvent schema of docs/ces-format.md, field for field. */
 static ces_avro_status_t check_writer_schema(ces_avro_t *a, ces_arena_t *arena, const char *text,
                                              size_t len, char *errstr, size_t errstr_size) {
     static const struct {

@@ -1,5 +1,5 @@
 /*
- * avro: CES records in the Avro binary encoding (CES.md §5), read with avro-c.
+ * avro: CES records in the Avro binary encoding (docs/ces-format.md, "Avro binary encoding"), read with avro-c.
  *
  * A record value is an Avro ChangeEvent, either a bare datum or an object container file (magic
  * "Obj" 0x01, writer schema in the header, one record). Its data bytes hold an Avro Data record.

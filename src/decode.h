@@ -1,5 +1,5 @@
 /*
- * decode: untrusted Kafka record bytes to CES envelopes and events (CES.md §1-§4).
+ * decode: untrusted Kafka record bytes to CES envelopes and events (docs/ces-format.md).
  *
  * Decoding has two steps because a large event arrives as several segments: the envelope of each
  * record is decoded on its own, segments are joined by the reassembler, and only the whole Data

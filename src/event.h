@@ -14,7 +14,7 @@
 
 #include "arena.h"
 
-/* A commit LSN "VLF:block:slot" as the number (VLF << 48) | (block << 16) | slot (CES.md §4). It is
+/* A commit LSN "VLF:block:slot" as the number (VLF << 48) | (block << 16) | slot (docs/ces-format.md, "Commit LSN, order and version"). It is
  * 80 bits wide, so it is kept as two words compared high first. */
 typedef struct {
     uint32_t high; /* VLF */

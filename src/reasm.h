@@ -1,5 +1,5 @@
 /*
- * reasm: joins the segments of split events (CES.md §3).
+ * reasm: joins the segments of split events (docs/ces-format.md, "Segments").
  *
  * Segments of one event share a logicalid and may arrive in any order, from any partition, more than
  * once. A group is complete when every index from the base (0 or 1) to the final segment is present.

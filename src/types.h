@@ -1,5 +1,5 @@
 /*
- * types: SQL Server column types to PostgreSQL types (DESIGN.md "Schema"), and the few value
+ * types: SQL Server column types to PostgreSQL types (docs/semantics.md, "Schema"), and the few value
  * conversions needed where PostgreSQL's input syntax differs from SQL Server's text.
  */
 #ifndef CES_TYPES_H

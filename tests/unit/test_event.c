@@ -1,4 +1,4 @@
-/* Commit LSNs and the (commitlsn, sequencenumber) order (CES.md §4). */
+/* Commit LSNs and the (commitlsn, sequencenumber) order (docs/ces-format.md). */
 #include "test_util.h"
 
 #include "event.h"

@@ -1,4 +1,4 @@
-/* The SQL Server -> PostgreSQL type map of DESIGN.md, and value conversions. */
+/* The SQL Server -> PostgreSQL type map (docs/semantics.md, "Schema"), and value conversions. */
 #include "test_util.h"
 
 #include "types.h"
