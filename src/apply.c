@@ -3,7 +3,6 @@
 #include <errno.h>
 #include <libpq-fe.h>
 #include <poll.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,6 +12,8 @@
 #include "decode.h"
 #include "log.h"
 #include "map.h"
+#include "pgerr.h"
+#include "strbuf.h"
 #include "types.h"
 
 /* Statements sent between two pipeline syncs. Their results (a few dozen bytes each) must fit in
@@ -41,7 +42,8 @@ static void column_free(column_t *c) {
     free(c->quoted);
 }
 
-typedef struct {
+/* The tag lets an error record (pgerr.h) refer to the table whose plain INSERT found its key taken. */
+typedef struct ces_catalog_table_s {
     unsigned id;
     char *qualified; /* quoted "schema"."table" */
     char *pg_schema;
@@ -100,80 +102,9 @@ struct ces_apply_s {
     uint64_t attempts;     /* attempts begun: the clock of table_t.upsert_until */
 };
 
-/* What went wrong in one attempt, and what to do about it. */
-typedef enum {
-    ERR_NONE = 0,
-    ERR_RETRY, /* transient: roll back, back off, try again */
-    ERR_DATA,  /* bad data in one change: dead-letter it (failed_item) */
-    ERR_STALE, /* the table changed underneath: forget cached tables, try again */
-    ERR_FENCED,
-    ERR_FATAL,
-    ERR_BULK, /* a bulk statement hit bad data: retry the batch row by row to find it */
-    ERR_INSERT_TAKEN, /* a plain INSERT found its key taken: retry the batch with upserts */
-} err_class_t;
-
-typedef struct {
-    err_class_t cls;
-    long failed_item; /* index into the batch, or -1 */
-    bool in_commit;   /* the failure hit COMMIT: the outcome is unknown */
-    char sqlstate[6];
-    char message[512];
-    table_t *taken; /* ERR_INSERT_TAKEN: the table of the plain INSERT */
-} attempt_error_t;
-
 static void async_free(struct async_s *as);
 
-/* Errors of one change's data (or a plain INSERT's taken key): in a stream, only the step is
- * undone and sent again; the transaction goes on. */
-static bool undoes_only_the_step(err_class_t cls) {
-    return cls == ERR_DATA || cls == ERR_BULK || cls == ERR_INSERT_TAKEN;
-}
-
 /* ---------------------------------------------------------------------------------------------- */
-
-static void set_error(attempt_error_t *e, err_class_t cls, long item, const char *sqlstate,
-                      const char *fmt, ...) __attribute__((format(printf, 5, 6)));
-
-static void set_error(attempt_error_t *e, err_class_t cls, long item, const char *sqlstate,
-                      const char *fmt, ...) {
-    if (e->cls != ERR_NONE)
-        return; /* keep the first error: later ones are its consequences */
-    e->cls = cls;
-    e->failed_item = item;
-    snprintf(e->sqlstate, sizeof(e->sqlstate), "%s", sqlstate ? sqlstate : "");
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(e->message, sizeof(e->message), fmt, ap);
-    va_end(ap);
-    size_t n = strlen(e->message);
-    while (n > 0 && (e->message[n - 1] == '\n' || e->message[n - 1] == ' '))
-        e->message[--n] = '\0';
-}
-
-static err_class_t classify(PGconn *conn, const char *sqlstate) {
-    if (PQstatus(conn) != CONNECTION_OK || sqlstate == NULL || sqlstate[0] == '\0')
-        return ERR_RETRY;
-    if (strncmp(sqlstate, "08", 2) == 0 || strncmp(sqlstate, "53", 2) == 0 ||
-        strcmp(sqlstate, "57P01") == 0 || strcmp(sqlstate, "57P02") == 0 ||
-        strcmp(sqlstate, "57P03") == 0 || strcmp(sqlstate, "57014") == 0 ||
-        strcmp(sqlstate, "40001") == 0 || strcmp(sqlstate, "40P01") == 0 ||
-        strcmp(sqlstate, "55P03") == 0)
-        return ERR_RETRY;
-    if (strncmp(sqlstate, "22", 2) == 0 || strncmp(sqlstate, "23", 2) == 0 ||
-        strncmp(sqlstate, "54", 2) == 0)
-        return ERR_DATA;
-    if (strcmp(sqlstate, "42P01") == 0 || strcmp(sqlstate, "42703") == 0)
-        return ERR_STALE;
-    return ERR_FATAL;
-}
-
-static void error_from_result(attempt_error_t *e, PGconn *conn, const PGresult *res, long item) {
-    const char *sqlstate = res ? PQresultErrorField(res, PG_DIAG_SQLSTATE) : NULL;
-    const char *msg = res ? PQresultErrorMessage(res) : PQerrorMessage(conn);
-    if (msg == NULL || msg[0] == '\0')
-        msg = PQerrorMessage(conn);
-    set_error(e, classify(conn, sqlstate), item, sqlstate, "%s", msg);
-}
 
 /* Lower-cases ASCII letters (as PostgreSQL does for unquoted names) and clips to 63 bytes without
  * splitting a UTF-8 character. Returns a malloc'd string. */
@@ -226,48 +157,6 @@ static char *quote_ident(PGconn *conn, const char *name) {
     char *copy = strdup(q);
     PQfreemem(q);
     return copy;
-}
-
-/* A growable string for building SQL. */
-typedef struct {
-    char *buf;
-    size_t len;
-    size_t cap;
-    bool failed;
-} sb_t;
-
-static void sb_add(sb_t *sb, const char *s) {
-    size_t n = strlen(s);
-    if (sb->failed)
-        return;
-    if (sb->len + n + 1 > sb->cap) {
-        size_t cap = sb->cap ? sb->cap : 256;
-        while (cap < sb->len + n + 1)
-            cap *= 2;
-        char *b = realloc(sb->buf, cap);
-        if (b == NULL) {
-            sb->failed = true;
-            return;
-        }
-        sb->buf = b;
-        sb->cap = cap;
-    }
-    memcpy(sb->buf + sb->len, s, n + 1);
-    sb->len += n;
-}
-
-static void sb_addf(sb_t *sb, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void sb_addf(sb_t *sb, const char *fmt, ...) {
-    char tmp[256];
-    va_list ap;
-    va_start(ap, fmt);
-    int n = vsnprintf(tmp, sizeof(tmp), fmt, ap);
-    va_end(ap);
-    if (n < 0 || (size_t)n >= sizeof(tmp)) {
-        sb->failed = true; /* only short fragments are formatted */
-        return;
-    }
-    sb_add(sb, tmp);
 }
 
 /* ---------------------------------------------------------------------------------------------- */
@@ -390,26 +279,12 @@ static void notice_processor(void *arg, const char *message) {
         ces_log_debug("postgres: %s", message);
 }
 
-/* Classifies a failed connection attempt: a refused or unreachable server is worth retrying, a
- * rejected login or a missing database is not. */
-static err_class_t classify_connect_failure(const char *message) {
-    static const char *const fatal[] = {"password authentication failed", "does not exist",
-                                        "no pg_hba.conf entry", "authentication failed",
-                                        "permission denied", "invalid connection option",
-                                        "missing \"=\"", "invalid sslmode", "certificate"};
-    for (size_t i = 0; i < sizeof(fatal) / sizeof(fatal[0]); i++) {
-        if (strstr(message, fatal[i]) != NULL)
-            return ERR_FATAL;
-    }
-    return ERR_RETRY;
-}
-
-static int exec_simple(ces_apply_t *a, const char *sql, attempt_error_t *e) {
+static int exec_simple(ces_apply_t *a, const char *sql, ces_pgerr_t *e) {
     PGresult *r = PQexec(a->conn, sql);
     int rc = 0;
     ExecStatusType st = PQresultStatus(r);
     if (st != PGRES_COMMAND_OK && st != PGRES_TUPLES_OK) {
-        error_from_result(e, a->conn, r, -1);
+        ces_pgerr_from_result(e, a->conn, r, -1);
         rc = -1;
     }
     PQclear(r);
@@ -421,34 +296,29 @@ static int exec_simple(ces_apply_t *a, const char *sql, attempt_error_t *e) {
  * from both trying, and the loser gets a unique violation or "already exists". That is success: the
  * caller reads the catalog next and finds what the winner made.
  */
-static int exec_ddl(ces_apply_t *a, const char *sql, attempt_error_t *e) {
+static int exec_ddl(ces_apply_t *a, const char *sql, ces_pgerr_t *e) {
     if (exec_simple(a, sql, e) == 0)
         return 0;
-    static const char *const raced[] = {"23505", "42P07", "42P06", "42701", "42710"};
-    for (size_t i = 0; i < sizeof(raced) / sizeof(raced[0]); i++) {
-        if (strcmp(e->sqlstate, raced[i]) == 0) {
-            ces_log_debug("concurrent DDL (%s): %s", e->sqlstate, e->message);
-            memset(e, 0, sizeof(*e));
-            e->failed_item = -1;
-            return 0;
-        }
-    }
-    return -1;
+    if (!ces_pgerr_is_ddl_race(e->sqlstate))
+        return -1;
+    ces_log_debug("concurrent DDL (%s): %s", e->sqlstate, e->message);
+    ces_pgerr_clear(e);
+    return 0;
 }
 
 /* Creates the metadata schema and tables (idempotent) and prepares their SQL. */
-static int setup_metadata(ces_apply_t *a, attempt_error_t *e) {
+static int setup_metadata(ces_apply_t *a, ces_pgerr_t *e) {
     char *schema = quote_ident(a->conn, a->metadata_schema);
     if (schema == NULL) {
-        set_error(e, ERR_FATAL, -1, NULL, "out of memory");
+        ces_pgerr_set(e, CES_PGERR_FATAL, -1, NULL, "out of memory");
         return -1;
     }
-    sb_t sql = {0};
-    sb_add(&sql, "CREATE SCHEMA IF NOT EXISTS ");
-    sb_add(&sql, schema);
-    sb_add(&sql, ";\nCREATE TABLE IF NOT EXISTS ");
-    sb_add(&sql, schema);
-    sb_add(&sql, ".offsets (\n"
+    ces_strbuf_t sql = {0};
+    ces_strbuf_add(&sql, "CREATE SCHEMA IF NOT EXISTS ");
+    ces_strbuf_add(&sql, schema);
+    ces_strbuf_add(&sql, ";\nCREATE TABLE IF NOT EXISTS ");
+    ces_strbuf_add(&sql, schema);
+    ces_strbuf_add(&sql, ".offsets (\n"
                  "  group_id text NOT NULL,\n"
                  "  topic text NOT NULL,\n"
                  "  partition integer NOT NULL,\n"
@@ -456,8 +326,8 @@ static int setup_metadata(ces_apply_t *a, attempt_error_t *e) {
                  "  updated_at timestamptz NOT NULL DEFAULT now(),\n"
                  "  PRIMARY KEY (group_id, topic, partition));\n"
                  "CREATE TABLE IF NOT EXISTS ");
-    sb_add(&sql, schema);
-    sb_add(&sql, ".dead_letters (\n"
+    ces_strbuf_add(&sql, schema);
+    ces_strbuf_add(&sql, ".dead_letters (\n"
                  "  id bigserial PRIMARY KEY,\n"
                  "  created_at timestamptz NOT NULL DEFAULT now(),\n"
                  "  topic text,\n"
@@ -467,16 +337,16 @@ static int setup_metadata(ces_apply_t *a, attempt_error_t *e) {
                  "  logicalid text,\n"
                  "  payload bytea);\n"
                  "CREATE TABLE IF NOT EXISTS ");
-    sb_add(&sql, schema);
-    sb_add(&sql, ".tombstones (\n"
+    ces_strbuf_add(&sql, schema);
+    ces_strbuf_add(&sql, ".tombstones (\n"
                  "  relid oid NOT NULL,\n"
                  "  key text[] NOT NULL,\n"
                  "  version numeric NOT NULL,\n"
                  "  deleted_at timestamptz NOT NULL DEFAULT now(),\n"
                  "  PRIMARY KEY (relid, key));\n"
                  "CREATE INDEX IF NOT EXISTS tombstones_deleted_at ON ");
-    sb_add(&sql, schema);
-    sb_add(&sql, ".tombstones (deleted_at);\n");
+    ces_strbuf_add(&sql, schema);
+    ces_strbuf_add(&sql, ".tombstones (deleted_at);\n");
     free(a->tombstones);
     free(a->version_quoted);
     a->tombstones = malloc(strlen(schema) + sizeof(".tombstones"));
@@ -485,27 +355,27 @@ static int setup_metadata(ces_apply_t *a, attempt_error_t *e) {
     a->version_quoted = quote_ident(a->conn, a->version_column);
     free(a->sql_offsets);
     free(a->sql_dead_letter);
-    sb_t off = {0}, dl = {0};
+    ces_strbuf_t off = {0}, dl = {0};
     /* The fence: the position is stored only over the one this instance read ($5; NULL: none).
      * If another instance moved it, nothing is stored and the division by zero (SQLSTATE 22012,
      * recognised in drain_some) aborts the transaction before the COMMIT that follows it in the
      * same pipeline. */
-    sb_add(&off, "WITH stored AS (INSERT INTO ");
-    sb_add(&off, schema);
-    sb_add(&off, ".offsets AS o (group_id, topic, partition, next_offset) VALUES ($1, $2, $3, $4)"
+    ces_strbuf_add(&off, "WITH stored AS (INSERT INTO ");
+    ces_strbuf_add(&off, schema);
+    ces_strbuf_add(&off, ".offsets AS o (group_id, topic, partition, next_offset) VALUES ($1, $2, $3, $4)"
                  " ON CONFLICT (group_id, topic, partition) DO UPDATE"
                  " SET next_offset = EXCLUDED.next_offset, updated_at = now()"
                  " WHERE o.next_offset = $5 RETURNING 1) SELECT 1 / count(*)::int FROM stored");
-    sb_add(&dl, "INSERT INTO ");
-    sb_add(&dl, schema);
-    sb_add(&dl, ".dead_letters (topic, partition, \"offset\", reason, logicalid, payload)"
+    ces_strbuf_add(&dl, "INSERT INTO ");
+    ces_strbuf_add(&dl, schema);
+    ces_strbuf_add(&dl, ".dead_letters (topic, partition, \"offset\", reason, logicalid, payload)"
                 " VALUES ($1, $2, $3, $4, $5, $6)");
     a->sql_offsets = off.buf;
     a->sql_dead_letter = dl.buf;
     free(schema);
     int rc = -1;
     if (sql.failed || off.failed || dl.failed || !a->tombstones || !a->version_quoted) {
-        set_error(e, ERR_FATAL, -1, NULL, "out of memory");
+        ces_pgerr_set(e, CES_PGERR_FATAL, -1, NULL, "out of memory");
         goto done;
     }
     /* Two instances may race to create the schema: the loser runs it again to create the rest. */
@@ -517,19 +387,19 @@ done:
     return rc;
 }
 
-static int connect_once(ces_apply_t *a, attempt_error_t *e) {
+static int connect_once(ces_apply_t *a, ces_pgerr_t *e) {
     disconnect(a);
     /* The password, when given apart, overrides whatever conninfo says (expand_dbname). */
     const char *const keywords[] = {"dbname", "password", NULL};
     const char *const values[] = {a->conninfo, a->password, NULL};
     a->conn = PQconnectdbParams(keywords, values, 1);
     if (a->conn == NULL) {
-        set_error(e, ERR_FATAL, -1, NULL, "out of memory");
+        ces_pgerr_set(e, CES_PGERR_FATAL, -1, NULL, "out of memory");
         return -1;
     }
     if (PQstatus(a->conn) != CONNECTION_OK) {
         const char *msg = PQerrorMessage(a->conn);
-        set_error(e, classify_connect_failure(msg), -1, NULL, "cannot connect to PostgreSQL: %s",
+        ces_pgerr_set(e, ces_pgerr_classify_connect_failure(msg), -1, NULL, "cannot connect to PostgreSQL: %s",
                   msg);
         disconnect(a);
         return -1;
@@ -581,10 +451,10 @@ static int64_t next_backoff(ces_apply_t *a) {
 /* Connects, retrying transient failures until connected, a fatal error, or a stop. */
 static ces_apply_status_t ensure_connected(ces_apply_t *a, char *errstr, size_t errstr_size) {
     while (!ces_apply_connected(a)) {
-        attempt_error_t e = {.failed_item = -1};
+        ces_pgerr_t e = CES_PGERR_INIT;
         if (connect_once(a, &e) == 0)
             break;
-        if (e.cls != ERR_RETRY) {
+        if (e.cls != CES_PGERR_RETRY) {
             snprintf(errstr, errstr_size, "%s", e.message);
             return CES_APPLY_FATAL;
         }
@@ -610,7 +480,7 @@ bool ces_apply_check(ces_apply_t *a) {
         return ces_apply_connected(a);
     }
     if (a->conn == NULL) {
-        attempt_error_t e = {.failed_item = -1};
+        ces_pgerr_t e = CES_PGERR_INIT;
         if (connect_once(a, &e) != 0)
             ces_log_debug("reconnecting to PostgreSQL between batches: %s", e.message);
     }
@@ -635,10 +505,10 @@ ces_apply_status_t ces_apply_read_offsets(ces_apply_t *a, const char *topic,
             snprintf(errstr, errstr_size, "out of memory");
             return CES_APPLY_FATAL;
         }
-        sb_t sql = {0};
-        sb_add(&sql, "SELECT partition, next_offset FROM ");
-        sb_add(&sql, schema);
-        sb_add(&sql, ".offsets WHERE group_id = $1 AND topic = $2");
+        ces_strbuf_t sql = {0};
+        ces_strbuf_add(&sql, "SELECT partition, next_offset FROM ");
+        ces_strbuf_add(&sql, schema);
+        ces_strbuf_add(&sql, ".offsets WHERE group_id = $1 AND topic = $2");
         free(schema);
         if (sql.failed) {
             snprintf(errstr, errstr_size, "out of memory");
@@ -659,10 +529,10 @@ ces_apply_status_t ces_apply_read_offsets(ces_apply_t *a, const char *topic,
             PQclear(r);
             return CES_APPLY_OK;
         }
-        attempt_error_t e = {.failed_item = -1};
-        error_from_result(&e, a->conn, r, -1);
+        ces_pgerr_t e = CES_PGERR_INIT;
+        ces_pgerr_from_result(&e, a->conn, r, -1);
         PQclear(r);
-        if (e.cls != ERR_RETRY) {
+        if (e.cls != CES_PGERR_RETRY) {
             snprintf(errstr, errstr_size, "reading stored offsets: %s", e.message);
             return CES_APPLY_FATAL;
         }
@@ -707,7 +577,7 @@ static long table_column_index(const table_t *t, const char *pg_name) {
 
 /* Reads the table's columns and primary key from the catalog. Returns 1 when the table exists, 0
  * when it does not, -1 on error (in e). */
-static int table_load(ces_apply_t *a, table_t *t, attempt_error_t *e) {
+static int table_load(ces_apply_t *a, table_t *t, ces_pgerr_t *e) {
     static const char *sql =
         "SELECT a.attname, format_type(a.atttypid, a.atttypmod),"
         "       array_position(i.indkey::int2[], a.attnum) - array_lower(i.indkey::int2[], 1) + 1,"
@@ -724,7 +594,7 @@ static int table_load(ces_apply_t *a, table_t *t, attempt_error_t *e) {
     const char *params[2] = {t->pg_schema, t->pg_table};
     PGresult *r = PQexecParams(a->conn, sql, 2, NULL, params, NULL, NULL, 0);
     if (PQresultStatus(r) != PGRES_TUPLES_OK) {
-        error_from_result(e, a->conn, r, -1);
+        ces_pgerr_from_result(e, a->conn, r, -1);
         PQclear(r);
         return -1;
     }
@@ -759,7 +629,7 @@ static int table_load(ces_apply_t *a, table_t *t, attempt_error_t *e) {
     return rows > 0 ? 1 : 0;
 nomem:
     PQclear(r);
-    set_error(e, ERR_FATAL, -1, NULL, "out of memory");
+    ces_pgerr_set(e, CES_PGERR_FATAL, -1, NULL, "out of memory");
     return -1;
 }
 
@@ -821,9 +691,9 @@ static int event_column_names(const ces_event_t *ev, namelist_t *l) {
 }
 
 /* CREATE TABLE from the event's columns, with its pkkey as the primary key. */
-static int table_create(ces_apply_t *a, table_t *t, const ces_event_t *ev, attempt_error_t *e) {
+static int table_create(ces_apply_t *a, table_t *t, const ces_event_t *ev, ces_pgerr_t *e) {
     namelist_t names = {0};
-    sb_t sql = {0};
+    ces_strbuf_t sql = {0};
     char **folded = NULL;
     int rc = -1;
     char *schema = quote_ident(a->conn, t->pg_schema);
@@ -832,11 +702,11 @@ static int table_create(ces_apply_t *a, table_t *t, const ces_event_t *ev, attem
     folded = calloc(names.count + 1, sizeof(char *));
     if (folded == NULL)
         goto nomem;
-    sb_add(&sql, "CREATE SCHEMA IF NOT EXISTS ");
-    sb_add(&sql, schema);
-    sb_add(&sql, ";\nCREATE TABLE IF NOT EXISTS ");
-    sb_add(&sql, t->qualified);
-    sb_add(&sql, " (");
+    ces_strbuf_add(&sql, "CREATE SCHEMA IF NOT EXISTS ");
+    ces_strbuf_add(&sql, schema);
+    ces_strbuf_add(&sql, ";\nCREATE TABLE IF NOT EXISTS ");
+    ces_strbuf_add(&sql, t->qualified);
+    ces_strbuf_add(&sql, " (");
     size_t ncols = 0;
     for (size_t i = 0; i < names.count; i++) {
         folded[i] = fold_name(names.names[i], a->preserve_case);
@@ -852,29 +722,29 @@ static int table_create(ces_apply_t *a, table_t *t, const ces_event_t *ev, attem
         char *q = quote_ident(a->conn, folded[i]);
         if (q == NULL)
             goto nomem;
-        sb_add(&sql, ncols++ ? ", " : "");
-        sb_add(&sql, q);
-        sb_add(&sql, " ");
-        sb_add(&sql, type);
+        ces_strbuf_add(&sql, ncols++ ? ", " : "");
+        ces_strbuf_add(&sql, q);
+        ces_strbuf_add(&sql, " ");
+        ces_strbuf_add(&sql, type);
         free(q);
     }
     if (a->lsn_guard) {
-        sb_add(&sql, ", ");
-        sb_add(&sql, a->version_quoted);
-        sb_add(&sql, " numeric");
+        ces_strbuf_add(&sql, ", ");
+        ces_strbuf_add(&sql, a->version_quoted);
+        ces_strbuf_add(&sql, " numeric");
     }
-    sb_add(&sql, ", PRIMARY KEY (");
+    ces_strbuf_add(&sql, ", PRIMARY KEY (");
     for (size_t i = 0; i < ev->npkkey; i++) {
         char *f = fold_name(ev->pkkey[i].name, a->preserve_case);
         char *q = f ? quote_ident(a->conn, f) : NULL;
         free(f);
         if (q == NULL)
             goto nomem;
-        sb_add(&sql, i ? ", " : "");
-        sb_add(&sql, q);
+        ces_strbuf_add(&sql, i ? ", " : "");
+        ces_strbuf_add(&sql, q);
         free(q);
     }
-    sb_add(&sql, "))");
+    ces_strbuf_add(&sql, "))");
     if (sql.failed)
         goto nomem;
     ces_log_info("creating table %s", t->qualified);
@@ -883,7 +753,7 @@ static int table_create(ces_apply_t *a, table_t *t, const ces_event_t *ev, attem
     rc = 0;
     goto done;
 nomem:
-    set_error(e, ERR_FATAL, -1, NULL, "out of memory");
+    ces_pgerr_set(e, CES_PGERR_FATAL, -1, NULL, "out of memory");
 done:
     if (folded != NULL) {
         for (size_t i = 0; i < names.count; i++)
@@ -898,10 +768,10 @@ done:
 
 /* Adds the event's columns that the table lacks (never drops or retypes). */
 static int table_evolve(ces_apply_t *a, table_t *t, const ces_event_t *ev, const char **missing,
-                        size_t nmissing, attempt_error_t *e) {
-    sb_t sql = {0};
-    sb_add(&sql, "ALTER TABLE ");
-    sb_add(&sql, t->qualified);
+                        size_t nmissing, ces_pgerr_t *e) {
+    ces_strbuf_t sql = {0};
+    ces_strbuf_add(&sql, "ALTER TABLE ");
+    ces_strbuf_add(&sql, t->qualified);
     for (size_t i = 0; i < nmissing; i++) {
         char type[64];
         pg_type_for(ev, missing[i], type, sizeof(type), t->qualified);
@@ -910,19 +780,19 @@ static int table_evolve(ces_apply_t *a, table_t *t, const ces_event_t *ev, const
         free(f);
         if (q == NULL) {
             free(sql.buf);
-            set_error(e, ERR_FATAL, -1, NULL, "out of memory");
+            ces_pgerr_set(e, CES_PGERR_FATAL, -1, NULL, "out of memory");
             return -1;
         }
-        sb_add(&sql, i ? ", ADD COLUMN IF NOT EXISTS " : " ADD COLUMN IF NOT EXISTS ");
-        sb_add(&sql, q);
-        sb_add(&sql, " ");
-        sb_add(&sql, type);
+        ces_strbuf_add(&sql, i ? ", ADD COLUMN IF NOT EXISTS " : " ADD COLUMN IF NOT EXISTS ");
+        ces_strbuf_add(&sql, q);
+        ces_strbuf_add(&sql, " ");
+        ces_strbuf_add(&sql, type);
         free(q);
         ces_log_info("table %s: adding column for '%s' (%s)", t->qualified, missing[i], type);
     }
     int rc = sql.failed ? -1 : exec_ddl(a, sql.buf, e);
     if (sql.failed)
-        set_error(e, ERR_FATAL, -1, NULL, "out of memory");
+        ces_pgerr_set(e, CES_PGERR_FATAL, -1, NULL, "out of memory");
     free(sql.buf);
     return rc;
 }
@@ -945,20 +815,20 @@ static long resolve_column(table_t *t, const char *source_name) {
 /* Replaces {db}, {schema} and {table} in one part of schema.target with the event's source names.
  * Returns a malloc'd string. */
 static char *expand_target(const char *pattern, const ces_event_t *ev) {
-    sb_t out = {0};
+    ces_strbuf_t out = {0};
     for (const char *p = pattern; *p;) {
         if (strncmp(p, "{db}", 4) == 0) {
-            sb_add(&out, ev->db);
+            ces_strbuf_add(&out, ev->db);
             p += 4;
         } else if (strncmp(p, "{schema}", 8) == 0) {
-            sb_add(&out, ev->schema);
+            ces_strbuf_add(&out, ev->schema);
             p += 8;
         } else if (strncmp(p, "{table}", 7) == 0) {
-            sb_add(&out, ev->table);
+            ces_strbuf_add(&out, ev->table);
             p += 7;
         } else {
             char c[2] = {*p++, '\0'};
-            sb_add(&out, c);
+            ces_strbuf_add(&out, c);
         }
     }
     if (out.buf == NULL && !out.failed)
@@ -1076,7 +946,7 @@ static table_t *table_new(ces_apply_t *a, const ces_event_t *ev) {
  * NULL with either e set (database error) or *reject set to a reason the event is dead-lettered.
  */
 static table_t *ensure_table(ces_apply_t *a, const ces_event_t *ev, const char **reject,
-                             attempt_error_t *e) {
+                             ces_pgerr_t *e) {
     /* Names are bounded by the decoder, so the key is never cut. */
     char key[3 * (CES_DECODE_MAX_NAME_BYTES + 1)];
     const char *parts[] = {ev->db, ev->schema, ev->table};
@@ -1087,7 +957,7 @@ static table_t *ensure_table(ces_apply_t *a, const ces_event_t *ev, const char *
         t = table_new(a, ev);
         if (t == NULL || ces_map_put(a->tables, key, klen, t) != 0) {
             table_free(t, NULL);
-            set_error(e, ERR_FATAL, -1, NULL, "out of memory");
+            ces_pgerr_set(e, CES_PGERR_FATAL, -1, NULL, "out of memory");
             return NULL;
         }
     }
@@ -1106,19 +976,19 @@ static table_t *ensure_table(ces_apply_t *a, const ces_event_t *ev, const char *
                 return NULL;
             int created = table_load(a, t, e);
             if (created == 0)
-                set_error(e, ERR_STALE, -1, NULL, "table %s vanished after it was created",
+                ces_pgerr_set(e, CES_PGERR_STALE, -1, NULL, "table %s vanished after it was created",
                           t->qualified);
             if (created <= 0)
                 return NULL;
         }
         if (a->lsn_guard && t->version_col < 0) {
             /* A table made before ces2pg (a backfill) is adopted: NULL is older than any event. */
-            sb_t sql = {0};
-            sb_add(&sql, "ALTER TABLE ");
-            sb_add(&sql, t->qualified);
-            sb_add(&sql, " ADD COLUMN IF NOT EXISTS ");
-            sb_add(&sql, a->version_quoted);
-            sb_add(&sql, " numeric");
+            ces_strbuf_t sql = {0};
+            ces_strbuf_add(&sql, "ALTER TABLE ");
+            ces_strbuf_add(&sql, t->qualified);
+            ces_strbuf_add(&sql, " ADD COLUMN IF NOT EXISTS ");
+            ces_strbuf_add(&sql, a->version_quoted);
+            ces_strbuf_add(&sql, " numeric");
             ces_log_info("table %s: adding the version column %s", t->qualified, a->version_quoted);
             int rc = sql.failed ? -1 : exec_ddl(a, sql.buf, e);
             free(sql.buf);
@@ -1191,7 +1061,7 @@ no_pk:
     *reject = "table has no primary key (ces2pg applies changes by primary key)";
     return NULL;
 nomem:
-    set_error(e, ERR_FATAL, -1, NULL, "out of memory");
+    ces_pgerr_set(e, CES_PGERR_FATAL, -1, NULL, "out of memory");
     return NULL;
 }
 
@@ -1231,7 +1101,7 @@ typedef struct {
  * An INS whose key has no earlier change waiting goes as a plain INSERT, without ON CONFLICT: its
  * key is almost always new, and PostgreSQL's speculative insertion (ON CONFLICT) costs about two
  * thirds more than inserting. When the key is taken after all (a resent event, rows loaded before
- * ces2pg, a replay), the INSERT fails with SQLSTATE 23505 and the batch is retried with upserts,
+ * ces2pg, a replay), the INSERT fails with ERRCODE_UNIQUE_VIOLATION and the batch is retried with upserts,
  * which do what they always did; so a plain INSERT never decides an outcome, it only saves work
  * when it succeeds. The table then sends upserts only, for 64 attempts after its first taken key,
  * doubling with each one up to 4,096, so that a table whose keys keep being taken costs little.
@@ -1271,7 +1141,7 @@ typedef struct {
     pending_t *pending;
     size_t npending;
     size_t capacity;
-    attempt_error_t *e;
+    ces_pgerr_t *e;
     bool fenced;
     bool nonblocking; /* sending without waiting for the socket (ces_apply_send) */
     /* An incremental drain (drain_some without waiting): results read, whether the NULL after
@@ -1300,7 +1170,7 @@ static int push_pending(sender_t *s, pend_kind_t kind, long item, stmt_t *stmt) 
         size_t cap = s->capacity ? s->capacity * 2 : PIPELINE_CHUNK * 2;
         pending_t *p = realloc(s->pending, cap * sizeof(*p));
         if (p == NULL) {
-            set_error(s->e, ERR_FATAL, -1, NULL, "out of memory");
+            ces_pgerr_set(s->e, CES_PGERR_FATAL, -1, NULL, "out of memory");
             return -1;
         }
         s->pending = p;
@@ -1314,7 +1184,7 @@ static int push_pending(sender_t *s, pend_kind_t kind, long item, stmt_t *stmt) 
  * failure the connection is in trouble and the attempt stops. */
 static int sent(sender_t *s, int ok, pend_kind_t kind, long item, stmt_t *stmt) {
     if (ok != 1) {
-        set_error(s->e, ERR_RETRY, -1, NULL, "sending to PostgreSQL: %s",
+        ces_pgerr_set(s->e, CES_PGERR_RETRY, -1, NULL, "sending to PostgreSQL: %s",
                   PQerrorMessage(s->a->conn));
         return -1;
     }
@@ -1325,7 +1195,7 @@ static int sent(sender_t *s, int ok, pend_kind_t kind, long item, stmt_t *stmt) 
  * connection. */
 static int send_sync(sender_t *s) {
     if (PQpipelineSync(s->a->conn) != 1) {
-        set_error(s->e, ERR_RETRY, -1, NULL, "sending to PostgreSQL: %s",
+        ces_pgerr_set(s->e, CES_PGERR_RETRY, -1, NULL, "sending to PostgreSQL: %s",
                   PQerrorMessage(s->a->conn));
         return -1;
     }
@@ -1335,7 +1205,7 @@ static int send_sync(sender_t *s) {
 /* The fence's division by zero (see setup_metadata). */
 static bool fence_raised(const PGresult *r) {
     const char *state = PQresultErrorField(r, PG_DIAG_SQLSTATE);
-    return state != NULL && strcmp(state, "22012") == 0;
+    return state != NULL && strcmp(state, ERRCODE_DIVISION_BY_ZERO) == 0;
 }
 
 /* Forgets where an incremental drain stopped (the pending results are dropped or read anew). */
@@ -1360,14 +1230,14 @@ static int drain_some(sender_t *s, bool wait) {
             s->between = false;
             if (r != NULL) {
                 PQclear(r);
-                set_error(s->e, ERR_RETRY, -1, NULL, "unexpected extra result from PostgreSQL");
+                ces_pgerr_set(s->e, CES_PGERR_RETRY, -1, NULL, "unexpected extra result from PostgreSQL");
                 s->drain_rc = -1;
             }
             continue;
         }
         pending_t *p = &s->pending[s->drained++];
         if (r == NULL) {
-            set_error(s->e, ERR_RETRY, -1, NULL, "PostgreSQL connection lost: %s",
+            ces_pgerr_set(s->e, CES_PGERR_RETRY, -1, NULL, "PostgreSQL connection lost: %s",
                       PQerrorMessage(conn));
             drain_reset(s);
             return -1;
@@ -1379,22 +1249,22 @@ static int drain_some(sender_t *s, bool wait) {
             /* A COMMIT answered ROLLBACK undid the batch (it cannot happen inside a pipeline,
              * which skips everything after an error, but nothing else would notice). */
             if (p->kind == PEND_COMMIT && strcmp(PQcmdStatus(r), "COMMIT") != 0)
-                set_error(s->e, ERR_RETRY, -1, NULL, "PostgreSQL rolled the batch back (%s)",
+                ces_pgerr_set(s->e, CES_PGERR_RETRY, -1, NULL, "PostgreSQL rolled the batch back (%s)",
                           PQcmdStatus(r));
         } else if (p->kind == PEND_OFFSET && fence_raised(r)) {
             s->fenced = true; /* and the rest of the pipeline, COMMIT included, is skipped */
         } else if (st != PGRES_PIPELINE_ABORTED) {
             long item = (p->kind == PEND_ROW || p->kind == PEND_PREPARE) ? p->item : -1;
-            bool first = s->e->cls == ERR_NONE;
-            error_from_result(s->e, conn, r, item);
+            bool first = s->e->cls == CES_PGERR_NONE;
+            ces_pgerr_from_result(s->e, conn, r, item);
             /* Bad data, or one key twice in a statement (two texts of one value, like "1" and
              * "01"): only row by row can tell which change it was. */
-            if (first && p->inserted != NULL && strcmp(s->e->sqlstate, "23505") == 0) {
-                s->e->cls = ERR_INSERT_TAKEN;
+            if (first && p->inserted != NULL && strcmp(s->e->sqlstate, ERRCODE_UNIQUE_VIOLATION) == 0) {
+                s->e->cls = CES_PGERR_INSERT_TAKEN;
                 s->e->taken = p->inserted;
             } else if (first && p->kind == PEND_BULK &&
-                       (s->e->cls == ERR_DATA || strcmp(s->e->sqlstate, "21000") == 0)) {
-                s->e->cls = ERR_BULK;
+                       (s->e->cls == CES_PGERR_DATA || strcmp(s->e->sqlstate, ERRCODE_CARDINALITY_VIOLATION) == 0)) {
+                s->e->cls = CES_PGERR_BULK;
             }
             if (PQstatus(conn) != CONNECTION_OK) {
                 PQclear(r);
@@ -1413,9 +1283,9 @@ static int drain_some(sender_t *s, bool wait) {
     PGresult *r = PQgetResult(conn);
     if (r == NULL || PQresultStatus(r) != PGRES_PIPELINE_SYNC) {
         if (r != NULL)
-            error_from_result(s->e, conn, r, -1);
+            ces_pgerr_from_result(s->e, conn, r, -1);
         else
-            set_error(s->e, ERR_RETRY, -1, NULL, "PostgreSQL connection lost: %s",
+            ces_pgerr_set(s->e, CES_PGERR_RETRY, -1, NULL, "PostgreSQL connection lost: %s",
                       PQerrorMessage(conn));
         rc = -1;
     }
@@ -1465,7 +1335,7 @@ static int reserve_scratch(sender_t *s, size_t n) {
     if (f)
         s->fields = f;
     if (!v || !l || !c || !f) {
-        set_error(s->e, ERR_FATAL, -1, NULL, "out of memory");
+        ces_pgerr_set(s->e, CES_PGERR_FATAL, -1, NULL, "out of memory");
         return -1;
     }
     s->scratch_capacity = cap;
@@ -1475,7 +1345,7 @@ static int reserve_scratch(sender_t *s, size_t n) {
 /* Finds or makes the prepared statement for a signature; sends its Parse when the connection has
  * not seen it yet. build writes its SQL. */
 static stmt_t *get_statement(sender_t *s, const char *sig, size_t sig_len, long item,
-                             void (*build)(sb_t *, const ces_apply_t *, const table_t *,
+                             void (*build)(ces_strbuf_t *, const ces_apply_t *, const table_t *,
                                            const long *, size_t),
                              const table_t *t, const long *cols, size_t ncols) {
     ces_apply_t *a = s->a;
@@ -1489,23 +1359,23 @@ static stmt_t *get_statement(sender_t *s, const char *sig, size_t sig_len, long 
             if (st)
                 free(st->name);
             free(st);
-            set_error(s->e, ERR_FATAL, -1, NULL, "out of memory");
+            ces_pgerr_set(s->e, CES_PGERR_FATAL, -1, NULL, "out of memory");
             return NULL;
         }
     }
     if (!st->prepared) {
-        sb_t sql = {0};
+        ces_strbuf_t sql = {0};
         build(&sql, a, t, cols, ncols);
         if (sql.failed) {
             free(sql.buf);
-            set_error(s->e, ERR_FATAL, -1, NULL, "out of memory");
+            ces_pgerr_set(s->e, CES_PGERR_FATAL, -1, NULL, "out of memory");
             return NULL;
         }
         int nparams = (int)ncols + (a->lsn_guard && t->version_col >= 0 ? 1 : 0);
         int ok = PQsendPrepare(a->conn, st->name, sql.buf, nparams, NULL);
         free(sql.buf);
         if (ok != 1) {
-            set_error(s->e, ERR_RETRY, -1, NULL, "sending to PostgreSQL: %s",
+            ces_pgerr_set(s->e, CES_PGERR_RETRY, -1, NULL, "sending to PostgreSQL: %s",
                       PQerrorMessage(a->conn));
             return NULL;
         }
@@ -1519,31 +1389,31 @@ static stmt_t *get_statement(sender_t *s, const char *sig, size_t sig_len, long 
 
 /* How a statement refers to its value number i (1-based): a parameter "$i" for one row, or column
  * "s.ci" of the unnest() of one array parameter per value, for many rows (see the bulk path). */
-static void add_ref(sb_t *sql, bool bulk, size_t i) { sb_addf(sql, bulk ? "s.c%zu" : "$%zu", i); }
+static void add_ref(ces_strbuf_t *sql, bool bulk, size_t i) { ces_strbuf_addf(sql, bulk ? "s.c%zu" : "$%zu", i); }
 
 /* unnest($1::text[], ..., $n::text[]) AS s(c1, ..., cn): the rows of a bulk statement. */
-static void add_unnest(sb_t *sql, size_t n) {
-    sb_add(sql, "unnest(");
+static void add_unnest(ces_strbuf_t *sql, size_t n) {
+    ces_strbuf_add(sql, "unnest(");
     for (size_t i = 1; i <= n; i++)
-        sb_addf(sql, "%s$%zu::text[]", i > 1 ? ", " : "", i);
-    sb_add(sql, ") AS s(");
+        ces_strbuf_addf(sql, "%s$%zu::text[]", i > 1 ? ", " : "", i);
+    ces_strbuf_add(sql, ") AS s(");
     for (size_t i = 1; i <= n; i++)
-        sb_addf(sql, "%sc%zu", i > 1 ? ", " : "", i);
-    sb_add(sql, ")");
+        ces_strbuf_addf(sql, "%sc%zu", i > 1 ? ", " : "", i);
+    ces_strbuf_add(sql, ")");
 }
 
 /* ARRAY[v1::type::text, ...]: the primary key in the canonical text of its column types, as the
  * tombstones store it. refs[k] is the value number of key column k. */
-static void add_key_array(sb_t *sql, const table_t *t, bool bulk, const size_t *refs) {
-    sb_add(sql, "ARRAY[");
+static void add_key_array(ces_strbuf_t *sql, const table_t *t, bool bulk, const size_t *refs) {
+    ces_strbuf_add(sql, "ARRAY[");
     for (size_t k = 0; k < t->npk; k++) {
-        sb_add(sql, k ? ", " : "");
+        ces_strbuf_add(sql, k ? ", " : "");
         add_ref(sql, bulk, refs[k]);
-        sb_add(sql, "::");
-        sb_add(sql, t->cols[t->pk[k]].type);
-        sb_add(sql, "::text");
+        ces_strbuf_add(sql, "::");
+        ces_strbuf_add(sql, t->cols[t->pk[k]].type);
+        ces_strbuf_add(sql, "::text");
     }
-    sb_add(sql, "]");
+    ces_strbuf_add(sql, "]");
 }
 
 /*
@@ -1552,70 +1422,70 @@ static void add_key_array(sb_t *sql, const table_t *t, bool bulk, const size_t *
  * row, and a row is not inserted when a newer delete left a tombstone for its key. Without
  * upsert, the same INSERT without ON CONFLICT: a taken key fails it.
  */
-static void build_upsert_sql(sb_t *sql, const ces_apply_t *a, const table_t *t, const long *cols,
+static void build_upsert_sql(ces_strbuf_t *sql, const ces_apply_t *a, const table_t *t, const long *cols,
                              size_t n, bool bulk, bool upsert) {
     bool guard = a->lsn_guard && t->version_col >= 0;
     size_t version_ref = n + 1;
     size_t key_refs[t->npk + 1];
-    sb_add(sql, "INSERT INTO ");
-    sb_add(sql, t->qualified);
-    sb_add(sql, " AS t (");
+    ces_strbuf_add(sql, "INSERT INTO ");
+    ces_strbuf_add(sql, t->qualified);
+    ces_strbuf_add(sql, " AS t (");
     for (size_t i = 0; i < n; i++) {
-        sb_add(sql, i ? ", " : "");
-        sb_add(sql, t->cols[cols[i]].quoted);
+        ces_strbuf_add(sql, i ? ", " : "");
+        ces_strbuf_add(sql, t->cols[cols[i]].quoted);
         for (size_t k = 0; k < t->npk; k++) {
             if ((size_t)cols[i] == t->pk[k])
                 key_refs[k] = i + 1;
         }
     }
     if (guard) {
-        sb_add(sql, ", ");
-        sb_add(sql, a->version_quoted);
+        ces_strbuf_add(sql, ", ");
+        ces_strbuf_add(sql, a->version_quoted);
     }
     if (guard || bulk) {
         /* Typed values: in INSERT ... SELECT they take no type from the target columns. The
          * casts drop the type modifier, so the assignment still checks length and precision. */
-        sb_add(sql, ") SELECT ");
+        ces_strbuf_add(sql, ") SELECT ");
         for (size_t i = 0; i < n; i++) {
-            sb_add(sql, i ? ", " : "");
+            ces_strbuf_add(sql, i ? ", " : "");
             add_ref(sql, bulk, i + 1);
-            sb_add(sql, "::");
-            sb_add(sql, t->cols[cols[i]].cast);
+            ces_strbuf_add(sql, "::");
+            ces_strbuf_add(sql, t->cols[cols[i]].cast);
         }
         if (guard) {
-            sb_add(sql, ", ");
+            ces_strbuf_add(sql, ", ");
             add_ref(sql, bulk, version_ref);
-            sb_add(sql, "::numeric");
+            ces_strbuf_add(sql, "::numeric");
         }
         if (bulk) {
-            sb_add(sql, " FROM ");
+            ces_strbuf_add(sql, " FROM ");
             add_unnest(sql, n + (guard ? 1 : 0));
         }
         if (guard) {
             /* Not NOT EXISTS: the planner turns that into a join, which may read every tombstone
              * of the table; a scalar subquery is one index lookup of the key per row. */
-            sb_add(sql, " WHERE NOT coalesce((SELECT ts.version > ");
+            ces_strbuf_add(sql, " WHERE NOT coalesce((SELECT ts.version > ");
             add_ref(sql, bulk, version_ref);
-            sb_add(sql, "::numeric FROM ");
-            sb_add(sql, a->tombstones);
-            sb_addf(sql, " ts WHERE ts.relid = %u AND ts.key = ", t->oid);
+            ces_strbuf_add(sql, "::numeric FROM ");
+            ces_strbuf_add(sql, a->tombstones);
+            ces_strbuf_addf(sql, " ts WHERE ts.relid = %u AND ts.key = ", t->oid);
             add_key_array(sql, t, bulk, key_refs);
-            sb_add(sql, "), false)");
+            ces_strbuf_add(sql, "), false)");
         }
     } else {
-        sb_add(sql, ") VALUES (");
+        ces_strbuf_add(sql, ") VALUES (");
         for (size_t i = 0; i < n; i++)
-            sb_addf(sql, "%s$%zu", i ? ", " : "", i + 1);
-        sb_add(sql, ")");
+            ces_strbuf_addf(sql, "%s$%zu", i ? ", " : "", i + 1);
+        ces_strbuf_add(sql, ")");
     }
     if (!upsert)
         return;
-    sb_add(sql, " ON CONFLICT (");
+    ces_strbuf_add(sql, " ON CONFLICT (");
     for (size_t k = 0; k < t->npk; k++) {
-        sb_add(sql, k ? ", " : "");
-        sb_add(sql, t->cols[t->pk[k]].quoted);
+        ces_strbuf_add(sql, k ? ", " : "");
+        ces_strbuf_add(sql, t->cols[t->pk[k]].quoted);
     }
-    sb_add(sql, ") DO ");
+    ces_strbuf_add(sql, ") DO ");
     size_t updates = 0;
     for (size_t i = 0; i < n; i++) {
         bool is_pk = false;
@@ -1623,104 +1493,104 @@ static void build_upsert_sql(sb_t *sql, const ces_apply_t *a, const table_t *t, 
             is_pk = is_pk || (size_t)cols[i] == t->pk[k];
         if (is_pk)
             continue;
-        sb_add(sql, updates++ ? ", " : "UPDATE SET ");
-        sb_add(sql, t->cols[cols[i]].quoted);
-        sb_add(sql, " = EXCLUDED.");
-        sb_add(sql, t->cols[cols[i]].quoted);
+        ces_strbuf_add(sql, updates++ ? ", " : "UPDATE SET ");
+        ces_strbuf_add(sql, t->cols[cols[i]].quoted);
+        ces_strbuf_add(sql, " = EXCLUDED.");
+        ces_strbuf_add(sql, t->cols[cols[i]].quoted);
     }
     if (guard) {
-        sb_add(sql, updates++ ? ", " : "UPDATE SET ");
-        sb_add(sql, a->version_quoted);
-        sb_add(sql, " = EXCLUDED.");
-        sb_add(sql, a->version_quoted);
-        sb_add(sql, " WHERE t.");
-        sb_add(sql, a->version_quoted);
-        sb_add(sql, " IS NULL OR t.");
-        sb_add(sql, a->version_quoted);
-        sb_add(sql, " < EXCLUDED.");
-        sb_add(sql, a->version_quoted);
+        ces_strbuf_add(sql, updates++ ? ", " : "UPDATE SET ");
+        ces_strbuf_add(sql, a->version_quoted);
+        ces_strbuf_add(sql, " = EXCLUDED.");
+        ces_strbuf_add(sql, a->version_quoted);
+        ces_strbuf_add(sql, " WHERE t.");
+        ces_strbuf_add(sql, a->version_quoted);
+        ces_strbuf_add(sql, " IS NULL OR t.");
+        ces_strbuf_add(sql, a->version_quoted);
+        ces_strbuf_add(sql, " < EXCLUDED.");
+        ces_strbuf_add(sql, a->version_quoted);
     }
     if (updates == 0)
-        sb_add(sql, "NOTHING");
+        ces_strbuf_add(sql, "NOTHING");
 }
 
 /* DELETE by primary key, for one row or (bulk) for the rows of arrays. With the version guard,
  * only a row older than the event goes, and the key's tombstone is raised to the event's version
  * either way. */
-static void build_delete_sql(sb_t *sql, const ces_apply_t *a, const table_t *t, bool bulk) {
+static void build_delete_sql(ces_strbuf_t *sql, const ces_apply_t *a, const table_t *t, bool bulk) {
     bool guard = a->lsn_guard && t->version_col >= 0;
     size_t n = t->npk, version_ref = n + 1;
     size_t key_refs[t->npk + 1];
     if (guard && bulk) {
-        sb_add(sql, "WITH s AS (SELECT * FROM ");
+        ces_strbuf_add(sql, "WITH s AS (SELECT * FROM ");
         add_unnest(sql, n + 1);
-        sb_add(sql, "), deleted AS (");
+        ces_strbuf_add(sql, "), deleted AS (");
     } else if (guard) {
-        sb_add(sql, "WITH deleted AS (");
+        ces_strbuf_add(sql, "WITH deleted AS (");
     }
-    sb_add(sql, "DELETE FROM ");
-    sb_add(sql, t->qualified);
-    sb_add(sql, " AS t ");
+    ces_strbuf_add(sql, "DELETE FROM ");
+    ces_strbuf_add(sql, t->qualified);
+    ces_strbuf_add(sql, " AS t ");
     if (bulk && guard) {
-        sb_add(sql, "USING s ");
+        ces_strbuf_add(sql, "USING s ");
     } else if (bulk) {
-        sb_add(sql, "USING ");
+        ces_strbuf_add(sql, "USING ");
         add_unnest(sql, n);
-        sb_add(sql, " ");
+        ces_strbuf_add(sql, " ");
     }
-    sb_add(sql, "WHERE ");
+    ces_strbuf_add(sql, "WHERE ");
     for (size_t k = 0; k < n; k++) {
         key_refs[k] = k + 1;
-        sb_add(sql, k ? " AND " : "");
-        sb_add(sql, "t.");
-        sb_add(sql, t->cols[t->pk[k]].quoted);
-        sb_add(sql, " = ");
+        ces_strbuf_add(sql, k ? " AND " : "");
+        ces_strbuf_add(sql, "t.");
+        ces_strbuf_add(sql, t->cols[t->pk[k]].quoted);
+        ces_strbuf_add(sql, " = ");
         add_ref(sql, bulk, k + 1);
-        sb_add(sql, "::");
-        sb_add(sql, t->cols[t->pk[k]].cast);
+        ces_strbuf_add(sql, "::");
+        ces_strbuf_add(sql, t->cols[t->pk[k]].cast);
     }
     if (!guard)
         return;
-    sb_add(sql, " AND (t.");
-    sb_add(sql, a->version_quoted);
-    sb_add(sql, " IS NULL OR t.");
-    sb_add(sql, a->version_quoted);
-    sb_add(sql, " < ");
+    ces_strbuf_add(sql, " AND (t.");
+    ces_strbuf_add(sql, a->version_quoted);
+    ces_strbuf_add(sql, " IS NULL OR t.");
+    ces_strbuf_add(sql, a->version_quoted);
+    ces_strbuf_add(sql, " < ");
     add_ref(sql, bulk, version_ref);
-    sb_add(sql, "::numeric) RETURNING 1) INSERT INTO ");
-    sb_add(sql, a->tombstones);
-    sb_addf(sql, " AS ts (relid, key, version) %s%u, ", bulk ? "SELECT " : "VALUES (", t->oid);
+    ces_strbuf_add(sql, "::numeric) RETURNING 1) INSERT INTO ");
+    ces_strbuf_add(sql, a->tombstones);
+    ces_strbuf_addf(sql, " AS ts (relid, key, version) %s%u, ", bulk ? "SELECT " : "VALUES (", t->oid);
     add_key_array(sql, t, bulk, key_refs);
-    sb_add(sql, ", ");
+    ces_strbuf_add(sql, ", ");
     add_ref(sql, bulk, version_ref);
-    sb_add(sql, bulk ? "::numeric FROM s" : "::numeric)");
-    sb_add(sql, " ON CONFLICT (relid, key) DO UPDATE SET version = EXCLUDED.version, deleted_at = "
+    ces_strbuf_add(sql, bulk ? "::numeric FROM s" : "::numeric)");
+    ces_strbuf_add(sql, " ON CONFLICT (relid, key) DO UPDATE SET version = EXCLUDED.version, deleted_at = "
                 "now() WHERE ts.version < EXCLUDED.version");
 }
 
-static void build_upsert(sb_t *sql, const ces_apply_t *a, const table_t *t, const long *cols,
+static void build_upsert(ces_strbuf_t *sql, const ces_apply_t *a, const table_t *t, const long *cols,
                          size_t n) {
     build_upsert_sql(sql, a, t, cols, n, false, true);
 }
 
-static void build_bulk_upsert(sb_t *sql, const ces_apply_t *a, const table_t *t, const long *cols,
+static void build_bulk_upsert(ces_strbuf_t *sql, const ces_apply_t *a, const table_t *t, const long *cols,
                               size_t n) {
     build_upsert_sql(sql, a, t, cols, n, true, true);
 }
 
-static void build_bulk_insert(sb_t *sql, const ces_apply_t *a, const table_t *t, const long *cols,
+static void build_bulk_insert(ces_strbuf_t *sql, const ces_apply_t *a, const table_t *t, const long *cols,
                               size_t n) {
     build_upsert_sql(sql, a, t, cols, n, true, false);
 }
 
-static void build_delete(sb_t *sql, const ces_apply_t *a, const table_t *t, const long *cols,
+static void build_delete(ces_strbuf_t *sql, const ces_apply_t *a, const table_t *t, const long *cols,
                          size_t n) {
     (void)cols;
     (void)n;
     build_delete_sql(sql, a, t, false);
 }
 
-static void build_bulk_delete(sb_t *sql, const ces_apply_t *a, const table_t *t, const long *cols,
+static void build_bulk_delete(ces_strbuf_t *sql, const ces_apply_t *a, const table_t *t, const long *cols,
                               size_t n) {
     (void)cols;
     (void)n;
@@ -1763,7 +1633,7 @@ static int param_value(sender_t *s, ces_item_t *item, const table_t *t, long col
     size_t len;
     const char *v = ces_types_convert(t->cols[col].conv, f->value, f->value_len, item->arena, &len);
     if (v == NULL) {
-        set_error(s->e, ERR_FATAL, -1, NULL, "out of memory");
+        ces_pgerr_set(s->e, CES_PGERR_FATAL, -1, NULL, "out of memory");
         return -1;
     }
     s->values[slot] = v;
@@ -1818,7 +1688,7 @@ static int bulk_send_group(sender_t *s, group_t *g) {
     int *plens = malloc(nv * sizeof(*plens));
     int *formats = malloc(nv * sizeof(*formats));
     if (buf == NULL || params == NULL || plens == NULL || formats == NULL) {
-        set_error(s->e, ERR_FATAL, -1, NULL, "out of memory");
+        ces_pgerr_set(s->e, CES_PGERR_FATAL, -1, NULL, "out of memory");
         goto done;
     }
     unsigned char *p = buf;
@@ -2023,7 +1893,7 @@ static int bulk_add(sender_t *s, char kind, ces_item_t *item, table_t *t, const 
         return bulk_send_all(s);
     return 0;
 nomem:
-    set_error(s->e, ERR_FATAL, -1, NULL, "out of memory");
+    ces_pgerr_set(s->e, CES_PGERR_FATAL, -1, NULL, "out of memory");
     return -1;
 }
 
@@ -2062,7 +1932,7 @@ static int new_marks(sender_t *s, const table_t *t) {
     if (t->ncols > s->marks_capacity) {
         unsigned *m = realloc(s->marks, t->ncols * 2 * sizeof(*m));
         if (m == NULL) {
-            set_error(s->e, ERR_FATAL, -1, NULL, "out of memory");
+            ces_pgerr_set(s->e, CES_PGERR_FATAL, -1, NULL, "out of memory");
             return -1;
         }
         memset(m + s->marks_capacity, 0, (t->ncols * 2 - s->marks_capacity) * sizeof(*m));
@@ -2134,7 +2004,7 @@ static int send_upsert(sender_t *s, long idx, ces_item_t *item, table_t *t, bool
     if (sig_size > s->sig_capacity) {
         char *sig = realloc(s->sig, sig_size * 2);
         if (sig == NULL) {
-            set_error(s->e, ERR_FATAL, -1, NULL, "out of memory");
+            ces_pgerr_set(s->e, CES_PGERR_FATAL, -1, NULL, "out of memory");
             return -1;
         }
         s->sig = sig;
@@ -2200,7 +2070,7 @@ static int send_dead_letter(sender_t *s, long idx, ces_item_t *item) {
     char *logicalid = item->logicalid ? utf8_sanitize(item->logicalid) : NULL;
     int rc = -1;
     if (reason == NULL || topic == NULL || (item->logicalid && logicalid == NULL)) {
-        set_error(s->e, ERR_FATAL, -1, NULL, "out of memory");
+        ces_pgerr_set(s->e, CES_PGERR_FATAL, -1, NULL, "out of memory");
         goto done;
     }
     const char *values[6] = {topic, partition, offset, reason, logicalid, item->raw};
@@ -2238,7 +2108,7 @@ static int send_offsets(sender_t *s) {
 /* Resolves every event's table before the transaction starts (DDL commits on its own). Events that
  * cannot be applied become dead letters here. */
 static int prepare_tables(ces_apply_t *a, ces_batch_t *batch, table_t **tables,
-                          attempt_error_t *e) {
+                          ces_pgerr_t *e) {
     for (size_t i = 0; i < batch->count; i++) {
         ces_item_t *item = &batch->items[i];
         tables[i] = NULL;
@@ -2248,22 +2118,22 @@ static int prepare_tables(ces_apply_t *a, ces_batch_t *batch, table_t **tables,
         tables[i] = ensure_table(a, &item->event, &reject, e);
         if (tables[i] != NULL)
             continue;
-        if (e->cls == ERR_DATA && e->failed_item < 0) {
+        if (e->cls == CES_PGERR_DATA && e->failed_item < 0) {
             /* DDL refused because of what this event holds (e.g. an over-long name). */
             char reason[600];
             snprintf(reason, sizeof(reason), "creating or extending the target table failed: %s",
                      e->message);
-            memset(e, 0, sizeof(*e));
+            ces_pgerr_clear(e);
             if (ces_batch_item_reject(item, reason) != 0) {
-                set_error(e, ERR_FATAL, -1, NULL, "out of memory");
+                ces_pgerr_set(e, CES_PGERR_FATAL, -1, NULL, "out of memory");
                 return -1;
             }
             continue;
         }
-        if (e->cls != ERR_NONE)
+        if (e->cls != CES_PGERR_NONE)
             return -1;
         if (ces_batch_item_reject(item, reject ? reject : "the target table is unusable") != 0) {
-            set_error(e, ERR_FATAL, -1, NULL, "out of memory");
+            ces_pgerr_set(e, CES_PGERR_FATAL, -1, NULL, "out of memory");
             return -1;
         }
     }
@@ -2293,17 +2163,17 @@ typedef enum {
  * not take: ces_apply_progress and attempt_finish send the rest. Returns 0, or -1 with s->e set. */
 static int attempt_send(ces_apply_t *a, ces_batch_t *batch, step_t step, sender_t *s,
                         table_t **tables) {
-    attempt_error_t *e = s->e;
+    ces_pgerr_t *e = s->e;
     a->attempts++;
     if (prepare_tables(a, batch, tables, e) != 0)
         return -1;
     if (PQenterPipelineMode(a->conn) != 1) {
-        set_error(e, ERR_RETRY, -1, NULL, "entering pipeline mode: %s", PQerrorMessage(a->conn));
+        ces_pgerr_set(e, CES_PGERR_RETRY, -1, NULL, "entering pipeline mode: %s", PQerrorMessage(a->conn));
         return -1;
     }
     if (s->nonblocking && PQsetnonblocking(a->conn, 1) != 0) {
         s->nonblocking = false;
-        set_error(e, ERR_RETRY, -1, NULL, "PostgreSQL: %s", PQerrorMessage(a->conn));
+        ces_pgerr_set(e, CES_PGERR_RETRY, -1, NULL, "PostgreSQL: %s", PQerrorMessage(a->conn));
         return -1;
     }
     if (send_simple(s, step == STEP_WHOLE ? "BEGIN" : "SAVEPOINT ces_step") != 0)
@@ -2315,13 +2185,13 @@ static int attempt_send(ces_apply_t *a, ces_batch_t *batch, step_t step, sender_
             if (send_event(s, (long)i, item, tables[i], &reject) != 0)
                 return -1;
             if (reject != NULL && ces_batch_item_reject(item, reject) != 0) {
-                set_error(e, ERR_FATAL, -1, NULL, "out of memory");
+                ces_pgerr_set(e, CES_PGERR_FATAL, -1, NULL, "out of memory");
                 return -1;
             }
         }
         if (item->kind == CES_ITEM_DEAD_LETTER && send_dead_letter(s, (long)i, item) != 0)
             return -1;
-        if (maybe_sync(s) != 0 || e->cls != ERR_NONE)
+        if (maybe_sync(s) != 0 || e->cls != CES_PGERR_NONE)
             return -1;
     }
     if (bulk_send_all(s) != 0 || (step != STEP_CHUNK && send_offsets(s) != 0))
@@ -2335,7 +2205,7 @@ static int attempt_send(ces_apply_t *a, ces_batch_t *batch, step_t step, sender_
     if (send_sync(s) != 0)
         return -1;
     s->sent_all = true;
-    return e->cls != ERR_NONE ? -1 : 0;
+    return e->cls != CES_PGERR_NONE ? -1 : 0;
 }
 
 /* Back to blocking mode once libpq has sent all it buffered (reading results meanwhile, so that
@@ -2349,14 +2219,14 @@ static int leave_nonblocking(sender_t *s) {
     while ((flushed = PQflush(conn)) == 1) {
         struct pollfd pfd = {.fd = PQsocket(conn), .events = POLLOUT | POLLIN};
         if (poll(&pfd, 1, -1) < 0 && errno != EINTR) {
-            set_error(s->e, ERR_RETRY, -1, NULL, "waiting for PostgreSQL: %s", strerror(errno));
+            ces_pgerr_set(s->e, CES_PGERR_RETRY, -1, NULL, "waiting for PostgreSQL: %s", strerror(errno));
             return -1;
         }
         if ((pfd.revents & (POLLIN | POLLERR | POLLHUP)) && PQconsumeInput(conn) != 1)
             break; /* PQflush reports it */
     }
     if (flushed != 0 || PQsetnonblocking(conn, 0) != 0) {
-        set_error(s->e, ERR_RETRY, -1, NULL, "sending to PostgreSQL: %s", PQerrorMessage(conn));
+        ces_pgerr_set(s->e, CES_PGERR_RETRY, -1, NULL, "sending to PostgreSQL: %s", PQerrorMessage(conn));
         return -1;
     }
     return 0;
@@ -2365,8 +2235,8 @@ static int leave_nonblocking(sender_t *s) {
 /* Reads what attempt_send sent, checks the fence and commits (or releases the step's savepoint).
  * Returns 0, or -1 with s->e set (then the attempt must be abandoned). */
 static int attempt_finish(ces_apply_t *a, step_t step, sender_t *s) {
-    attempt_error_t *e = s->e;
-    if (leave_nonblocking(s) != 0 || drain(s) != 0 || e->cls != ERR_NONE) {
+    ces_pgerr_t *e = s->e;
+    if (leave_nonblocking(s) != 0 || drain(s) != 0 || e->cls != CES_PGERR_NONE) {
         /* The connection broke with COMMIT sent (attempt_send got that far, or finish would not
          * be called): it may have committed, and apply_step asks. */
         if (step == STEP_WHOLE && PQstatus(a->conn) != CONNECTION_OK)
@@ -2374,19 +2244,19 @@ static int attempt_finish(ces_apply_t *a, step_t step, sender_t *s) {
         return -1;
     }
     if (s->fenced) {
-        set_error(e, ERR_FENCED, -1, NULL,
+        ces_pgerr_set(e, CES_PGERR_FENCED, -1, NULL,
                   "the stored consumer position moved: another instance took over a partition");
         return -1;
     }
     /* A whole transaction's COMMIT was in the pipeline, and every result was fine. */
     if (step != STEP_WHOLE &&
         (send_simple(s, step == STEP_CHUNK ? "RELEASE SAVEPOINT ces_step" : "COMMIT") != 0 ||
-         sync_and_drain(s) != 0 || e->cls != ERR_NONE)) {
+         sync_and_drain(s) != 0 || e->cls != CES_PGERR_NONE)) {
         e->in_commit = step != STEP_CHUNK;
         return -1;
     }
     if (PQexitPipelineMode(a->conn) != 1)
-        set_error(e, ERR_RETRY, -1, NULL, "leaving pipeline mode: %s", PQerrorMessage(a->conn));
+        ces_pgerr_set(e, CES_PGERR_RETRY, -1, NULL, "leaving pipeline mode: %s", PQerrorMessage(a->conn));
     return 0;
 }
 
@@ -2397,8 +2267,8 @@ static void roll_back(sender_t *s, bool whole) {
     PGconn *conn = s->a->conn;
     if (PQstatus(conn) != CONNECTION_OK || PQpipelineStatus(conn) == PQ_PIPELINE_OFF)
         return;
-    attempt_error_t ignored = {.failed_item = -1};
-    attempt_error_t *saved = s->e;
+    ces_pgerr_t ignored = CES_PGERR_INIT;
+    ces_pgerr_t *saved = s->e;
     s->e = &ignored;
     if (s->sent_all && (s->npending > 0 || s->between) && leave_nonblocking(s) == 0)
         drain(s);
@@ -2415,7 +2285,7 @@ static void roll_back(sender_t *s, bool whole) {
 static void attempt_abandon(sender_t *s, step_t step) {
     ces_apply_t *a = s->a;
     /* A data error undoes only a stream's step; anything else loses the whole transaction. */
-    roll_back(s, step == STEP_WHOLE || !undoes_only_the_step(s->e->cls) || s->e->in_commit);
+    roll_back(s, step == STEP_WHOLE || !ces_pgerr_undoes_only_the_step(s->e->cls) || s->e->in_commit);
     if (a->conn != NULL && PQisnonblocking(a->conn) && PQsetnonblocking(a->conn, 0) != 0)
         disconnect(a);
 }
@@ -2432,11 +2302,11 @@ static void sender_free(sender_t *s) {
 }
 
 static void attempt(ces_apply_t *a, ces_batch_t *batch, step_t step, bool bulk,
-                    bool plain_inserts, attempt_error_t *e) {
+                    bool plain_inserts, ces_pgerr_t *e) {
     table_t **tables = calloc(batch->count + 1, sizeof(table_t *));
     sender_t s = {.a = a, .batch = batch, .e = e, .bulk = bulk, .plain_inserts = plain_inserts};
     if (tables == NULL) {
-        set_error(e, ERR_FATAL, -1, NULL, "out of memory");
+        ces_pgerr_set(e, CES_PGERR_FATAL, -1, NULL, "out of memory");
         return;
     }
     if (attempt_send(a, batch, step, &s, tables) != 0 || attempt_finish(a, step, &s) != 0)
@@ -2449,7 +2319,7 @@ static void attempt(ces_apply_t *a, ces_batch_t *batch, step_t step, bool bulk,
 typedef struct async_s {
     sender_t s;
     table_t **tables;
-    attempt_error_t e;
+    ces_pgerr_t e;
     ces_batch_t *batch;
     step_t step; /* a whole transaction, or a part of the streamed one */
 } async_t;
@@ -2495,12 +2365,12 @@ static void count_committed(const ces_batch_t *batch, ces_apply_stats_t *stats) 
 /* Applies batch as step, retrying as its failures require. first (may be NULL) is the outcome of
  * a first attempt already made (ces_apply_send): the loop starts by handling it. */
 static ces_apply_status_t apply_step(ces_apply_t *a, ces_batch_t *batch, step_t step,
-                                     const attempt_error_t *first, ces_apply_stats_t *stats,
+                                     const ces_pgerr_t *first, ces_apply_stats_t *stats,
                                      char *errstr, size_t errstr_size) {
     bool commit_unknown = false;
     bool bulk = true, plain_inserts = true;
     for (;;) {
-        attempt_error_t e = {.failed_item = -1};
+        ces_pgerr_t e = CES_PGERR_INIT;
         if (first != NULL) {
             e = *first;
             first = NULL;
@@ -2523,28 +2393,28 @@ static ces_apply_status_t apply_step(ces_apply_t *a, ces_batch_t *batch, step_t 
         }
         attempt(a, batch, step, bulk, plain_inserts, &e);
     outcome:
-        if (e.cls == ERR_NONE)
+        if (e.cls == CES_PGERR_NONE)
             break;
-        if (step != STEP_WHOLE && !undoes_only_the_step(e.cls) && e.cls != ERR_FENCED &&
-            e.cls != ERR_FATAL &&
-            !(e.cls == ERR_RETRY && e.in_commit)) {
+        if (step != STEP_WHOLE && !ces_pgerr_undoes_only_the_step(e.cls) && e.cls != CES_PGERR_FENCED &&
+            e.cls != CES_PGERR_FATAL &&
+            !(e.cls == CES_PGERR_RETRY && e.in_commit)) {
             /* The open transaction is gone: what was streamed must be read again. */
             snprintf(errstr, errstr_size, "%s", e.message);
-            if (PQstatus(a->conn) != CONNECTION_OK || e.cls == ERR_STALE)
+            if (PQstatus(a->conn) != CONNECTION_OK || e.cls == CES_PGERR_STALE)
                 disconnect(a);
-            if (e.cls == ERR_STALE)
+            if (e.cls == CES_PGERR_STALE)
                 ces_map_clear(a->tables, table_free, NULL);
             a->in_stream = false;
             return CES_APPLY_LOST;
         }
         switch (e.cls) {
-        case ERR_BULK:
+        case CES_PGERR_BULK:
             ces_log_debug("a bulk statement was rejected (%s, SQLSTATE %s): applying the batch "
                           "row by row",
                           e.message, e.sqlstate);
             bulk = false;
             continue;
-        case ERR_INSERT_TAKEN: {
+        case CES_PGERR_INSERT_TAKEN: {
             /* Not a failure: see the bulk path. The table sends upserts for a while. */
             unsigned shift = e.taken->insert_conflicts < 6 ? e.taken->insert_conflicts : 6;
             e.taken->insert_conflicts++;
@@ -2555,7 +2425,7 @@ static ces_apply_status_t apply_step(ces_apply_t *a, ces_batch_t *batch, step_t 
             plain_inserts = false;
             continue;
         }
-        case ERR_DATA:
+        case CES_PGERR_DATA:
             if (e.failed_item >= 0 && (size_t)e.failed_item < batch->count &&
                 batch->items[e.failed_item].kind == CES_ITEM_EVENT) {
                 ces_item_t *item = &batch->items[e.failed_item];
@@ -2576,7 +2446,7 @@ static ces_apply_status_t apply_step(ces_apply_t *a, ces_batch_t *batch, step_t 
             snprintf(errstr, errstr_size, "PostgreSQL rejected ces2pg's own bookkeeping: %s "
                      "(SQLSTATE %s)", e.message, e.sqlstate);
             return CES_APPLY_FATAL;
-        case ERR_STALE:
+        case CES_PGERR_STALE:
             ces_log_warning("a target table changed underneath ces2pg (%s); reloading it",
                             e.message);
             ces_map_clear(a->tables, table_free, NULL);
@@ -2586,11 +2456,11 @@ static ces_apply_status_t apply_step(ces_apply_t *a, ces_batch_t *batch, step_t 
             if (stats)
                 stats->retries++;
             continue;
-        case ERR_FENCED:
+        case CES_PGERR_FENCED:
             snprintf(errstr, errstr_size, "%s", e.message);
             a->in_stream = false;
             return CES_APPLY_FENCED;
-        case ERR_RETRY: {
+        case CES_PGERR_RETRY: {
             if (stats)
                 stats->retries++;
             commit_unknown = e.in_commit;
@@ -2632,12 +2502,12 @@ static void purge_tombstones(ces_apply_t *a) {
     if (now - a->last_purge_ms < every)
         return;
     a->last_purge_ms = now;
-    sb_t sql = {0};
-    sb_add(&sql, "DELETE FROM ");
-    sb_add(&sql, a->tombstones);
-    sb_add(&sql, " WHERE ctid = ANY (ARRAY (SELECT ctid FROM ");
-    sb_add(&sql, a->tombstones);
-    sb_add(&sql, " WHERE deleted_at < now() - make_interval(secs => $1) LIMIT 10000))");
+    ces_strbuf_t sql = {0};
+    ces_strbuf_add(&sql, "DELETE FROM ");
+    ces_strbuf_add(&sql, a->tombstones);
+    ces_strbuf_add(&sql, " WHERE ctid = ANY (ARRAY (SELECT ctid FROM ");
+    ces_strbuf_add(&sql, a->tombstones);
+    ces_strbuf_add(&sql, " WHERE deleted_at < now() - make_interval(secs => $1) LIMIT 10000))");
     char secs[24];
     snprintf(secs, sizeof(secs), "%lld", (long long)a->tombstone_retention_s);
     const char *params[1] = {secs};
@@ -2667,12 +2537,12 @@ ces_apply_status_t ces_apply_stream_begin(ces_apply_t *a, char *errstr, size_t e
     ces_apply_status_t st = ensure_connected(a, errstr, errstr_size);
     if (st != CES_APPLY_OK)
         return st;
-    attempt_error_t e = {.failed_item = -1};
+    ces_pgerr_t e = CES_PGERR_INIT;
     if (exec_simple(a, "BEGIN", &e) != 0) {
         snprintf(errstr, errstr_size, "%s", e.message);
         if (PQstatus(a->conn) != CONNECTION_OK)
             disconnect(a);
-        return e.cls == ERR_FATAL ? CES_APPLY_FATAL : CES_APPLY_LOST;
+        return e.cls == CES_PGERR_FATAL ? CES_APPLY_FATAL : CES_APPLY_LOST;
     }
     a->in_stream = true;
     return CES_APPLY_OK;
@@ -2709,7 +2579,7 @@ ces_apply_status_t ces_apply_send(ces_apply_t *a, ces_batch_t *batch, char *errs
         snprintf(errstr, errstr_size, "out of memory");
         return CES_APPLY_FATAL;
     }
-    as->e = (attempt_error_t){.failed_item = -1};
+    as->e = (ces_pgerr_t){.failed_item = -1};
     as->s = (sender_t){.a = a,
                        .batch = batch,
                        .e = &as->e,
@@ -2727,7 +2597,7 @@ ces_apply_status_t ces_apply_send(ces_apply_t *a, ces_batch_t *batch, char *errs
 
 void ces_apply_progress(ces_apply_t *a) {
     async_t *as = a->async;
-    if (as == NULL || !as->s.nonblocking || as->e.cls != ERR_NONE || a->conn == NULL)
+    if (as == NULL || !as->s.nonblocking || as->e.cls != CES_PGERR_NONE || a->conn == NULL)
         return;
     /* Errors show when the batch is finished. */
     if (PQflush(a->conn) >= 0)
@@ -2736,7 +2606,7 @@ void ces_apply_progress(ces_apply_t *a) {
 
 bool ces_apply_ready(ces_apply_t *a) {
     async_t *as = a->async;
-    if (as == NULL || as->e.cls != ERR_NONE || a->conn == NULL || as->s.drain_done)
+    if (as == NULL || as->e.cls != CES_PGERR_NONE || a->conn == NULL || as->s.drain_done)
         return true;
     /* Trouble of any kind shows when the batch is finished: report ready. */
     if (as->s.nonblocking) {
@@ -2765,10 +2635,10 @@ ces_apply_status_t ces_apply_finish(ces_apply_t *a, ces_apply_stats_t *stats, ch
         return CES_APPLY_OK;
     a->async = NULL;
     step_t step = as->step;
-    if (as->e.cls != ERR_NONE || attempt_finish(a, step, &as->s) != 0)
+    if (as->e.cls != CES_PGERR_NONE || attempt_finish(a, step, &as->s) != 0)
         attempt_abandon(&as->s, step);
     ces_batch_t *batch = as->batch;
-    attempt_error_t e = as->e;
+    ces_pgerr_t e = as->e;
     async_free(as);
     ces_apply_status_t st = apply_step(a, batch, step, &e, stats, errstr, errstr_size);
     if (st == CES_APPLY_OK && step == STEP_WHOLE)
