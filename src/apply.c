@@ -6,13 +6,15 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
-#include "clock.h"
 #include "decode.h"
+#include "janitor.h"
 #include "log.h"
 #include "map.h"
+#include "metadata.h"
 #include "pgerr.h"
+#include "positions.h"
+#include "session.h"
 #include "strbuf.h"
 #include "types.h"
 
@@ -23,7 +25,7 @@
 
 typedef struct {
     char *name;
-    bool prepared; /* sent to the current connection (reset when its Parse fails) */
+    uint64_t epoch; /* the session epoch it was prepared in; 0: not prepared (its Parse failed) */
 } stmt_t;
 
 /* A column of a target table, as the catalog describes it. */
@@ -69,35 +71,22 @@ typedef struct ces_catalog_table_s {
 } table_t;
 
 struct ces_apply_s {
-    char *conninfo;
-    char *metadata_schema;
-    char *group_id;
+    ces_session_t *session;
+    ces_metadata_t *metadata;
+    ces_positions_t *positions;
+    ces_janitor_t *janitor;
     bool auto_create;
     bool auto_evolve;
-    int64_t retry_max_ms;
-    volatile sig_atomic_t *stop_now;
-    char *password; /* a secret: never logged */
-    void (*heartbeat)(void *opaque, bool connected);
-    void *heartbeat_opaque;
-
-    PGconn *conn;
     ces_map_t *tables; /* "db\x1fschema\x1ftable" -> table_t */
     ces_map_t *stmts;  /* signature -> stmt_t */
     unsigned next_table_id;
     unsigned next_stmt_id;
-    char *sql_offsets;
-    char *sql_dead_letter;
-    int64_t backoff_ms;
-    bool in_stream; /* a streamed transaction is open on conn */
+    uint64_t stream_epoch; /* the session epoch a streamed transaction began in; 0: none */
     bool lsn_guard;
     bool preserve_case;
     char *target_schema; /* schema.target before its dot, e.g. "{schema}" */
     char *target_table;  /* ... and after it, e.g. "{table}" */
     char *version_column;
-    char *version_quoted; /* quoted once connected */
-    char *tombstones;     /* quoted metadata_schema.tombstones */
-    int64_t tombstone_retention_s;
-    int64_t last_purge_ms;
     struct async_s *async; /* a batch sent by ces_apply_send, not finished yet */
     uint64_t attempts;     /* attempts begun: the clock of table_t.upsert_until */
 };
@@ -150,15 +139,6 @@ static char *utf8_sanitize(const char *s) {
     return out;
 }
 
-static char *quote_ident(PGconn *conn, const char *name) {
-    char *q = PQescapeIdentifier(conn, name, strlen(name));
-    if (q == NULL)
-        return NULL;
-    char *copy = strdup(q);
-    PQfreemem(q);
-    return copy;
-}
-
 /* ---------------------------------------------------------------------------------------------- */
 
 static void table_free(void *value, void *arg) {
@@ -185,28 +165,54 @@ static void stmt_free(void *value, void *arg) {
     free(s);
 }
 
-static void stmt_forget(void *value, void *arg) {
-    (void)arg;
-    ((stmt_t *)value)->prepared = false;
+/* A streamed transaction is open while the connection it began on is. */
+static bool stream_open(const ces_apply_t *a) {
+    return a->stream_epoch != 0 && a->stream_epoch == ces_session_epoch(a->session);
+}
+
+static ces_apply_status_t ensure_connected(ces_apply_t *a, char *errstr, size_t errstr_size) {
+    switch (ces_session_ensure_connected(a->session, errstr, errstr_size)) {
+    case CES_SESSION_OK:
+        return CES_APPLY_OK;
+    case CES_SESSION_INTERRUPTED:
+        return CES_APPLY_INTERRUPTED;
+    case CES_SESSION_FATAL:
+        break;
+    }
+    return CES_APPLY_FATAL;
+}
+
+/* Every new connection: the metadata schema, and the statements that name it. */
+static int on_connect(void *opaque, ces_session_t *session, ces_pgerr_t *e) {
+    ces_apply_t *a = opaque;
+    if (ces_metadata_setup(a->metadata, session, e) != 0)
+        return -1;
+    if (ces_positions_set_schema(a->positions, ces_metadata_schema_quoted(a->metadata)) != 0) {
+        ces_pgerr_set(e, CES_PGERR_FATAL, -1, NULL, "out of memory");
+        return -1;
+    }
+    return 0;
 }
 
 ces_apply_t *ces_apply_new(const ces_apply_options_t *o) {
     ces_apply_t *a = calloc(1, sizeof(*a));
     if (a == NULL)
         return NULL;
-    a->conninfo = strdup(o->conninfo);
-    a->metadata_schema = strdup(o->metadata_schema);
-    a->group_id = strdup(o->group_id ? o->group_id : "");
+    ces_session_options_t session = {.conninfo = o->conninfo,
+                                     .password = o->password,
+                                     .retry_max_ms = o->retry_max_ms,
+                                     .stop_now = o->stop_now,
+                                     .heartbeat = o->heartbeat,
+                                     .heartbeat_opaque = o->heartbeat_opaque,
+                                     .on_connect = on_connect,
+                                     .on_connect_opaque = a};
+    a->session = ces_session_new(&session);
+    a->metadata = ces_metadata_new(o->metadata_schema,
+                                   o->version_column ? o->version_column : "_ces_lsn");
+    a->positions = ces_positions_new(o->group_id ? o->group_id : "");
+    a->janitor = ces_janitor_new(o->lsn_guard, o->tombstone_retention_s);
     a->auto_create = o->auto_create;
     a->auto_evolve = o->auto_evolve;
-    a->retry_max_ms = o->retry_max_ms;
-    a->stop_now = o->stop_now;
-    a->heartbeat = o->heartbeat;
-    a->heartbeat_opaque = o->heartbeat_opaque;
-    if (o->password != NULL && (a->password = strdup(o->password)) == NULL) {
-        ces_apply_destroy(a);
-        return NULL;
-    }
     a->lsn_guard = o->lsn_guard;
     a->preserve_case = o->preserve_case;
     const char *target = o->target ? o->target : "{schema}.{table}";
@@ -214,10 +220,9 @@ ces_apply_t *ces_apply_new(const ces_apply_options_t *o) {
     a->target_schema = dot ? strndup(target, (size_t)(dot - target)) : strdup("public");
     a->target_table = strdup(dot ? dot + 1 : target);
     a->version_column = strdup(o->version_column ? o->version_column : "_ces_lsn");
-    a->tombstone_retention_s = o->tombstone_retention_s;
     a->tables = ces_map_new();
     a->stmts = ces_map_new();
-    if (!a->conninfo || !a->metadata_schema || !a->group_id || !a->tables || !a->stmts ||
+    if (!a->session || !a->metadata || !a->positions || !a->janitor || !a->tables || !a->stmts ||
         !a->version_column || !a->target_schema || !a->target_table) {
         ces_apply_destroy(a);
         return NULL;
@@ -229,262 +234,28 @@ void ces_apply_destroy(ces_apply_t *a) {
     if (a == NULL)
         return;
     async_free(a->async);
-    if (a->conn != NULL)
-        PQfinish(a->conn);
+    ces_session_destroy(a->session);
     if (a->tables != NULL)
         ces_map_clear(a->tables, table_free, NULL);
     if (a->stmts != NULL)
         ces_map_clear(a->stmts, stmt_free, NULL);
     ces_map_destroy(a->tables);
     ces_map_destroy(a->stmts);
-    free(a->conninfo);
-    free(a->metadata_schema);
-    free(a->group_id);
-    free(a->sql_offsets);
-    free(a->sql_dead_letter);
+    ces_metadata_destroy(a->metadata);
+    ces_positions_destroy(a->positions);
+    ces_janitor_destroy(a->janitor);
     free(a->version_column);
     free(a->target_schema);
     free(a->target_table);
-    free(a->version_quoted);
-    free(a->tombstones);
-    if (a->password != NULL) {
-        explicit_bzero(a->password, strlen(a->password));
-        free(a->password);
-    }
     free(a);
 }
 
-bool ces_apply_connected(const ces_apply_t *a) {
-    return a->conn != NULL && PQstatus(a->conn) == CONNECTION_OK;
-}
-
-static void disconnect(ces_apply_t *a) {
-    bool was = a->conn != NULL;
-    if (a->conn != NULL)
-        PQfinish(a->conn);
-    a->conn = NULL;
-    if (was && a->heartbeat != NULL)
-        a->heartbeat(a->heartbeat_opaque, false);
-    a->in_stream = false; /* PostgreSQL rolls it back */
-    ces_map_each(a->stmts, stmt_forget, NULL);
-}
-
-/* libpq's notices (e.g. "identifier will be truncated") go through our logger. */
-static void notice_processor(void *arg, const char *message) {
-    (void)arg;
-    /* WARNINGs deserve attention; NOTICEs ("... already exists, skipping") are routine. */
-    if (strncmp(message, "WARNING", 7) == 0)
-        ces_log_warning("postgres: %s", message);
-    else
-        ces_log_debug("postgres: %s", message);
-}
-
-static int exec_simple(ces_apply_t *a, const char *sql, ces_pgerr_t *e) {
-    PGresult *r = PQexec(a->conn, sql);
-    int rc = 0;
-    ExecStatusType st = PQresultStatus(r);
-    if (st != PGRES_COMMAND_OK && st != PGRES_TUPLES_OK) {
-        ces_pgerr_from_result(e, a->conn, r, -1);
-        rc = -1;
-    }
-    PQclear(r);
-    return rc;
-}
-
-/*
- * DDL that other instances may run at the same moment: IF NOT EXISTS does not stop two sessions
- * from both trying, and the loser gets a unique violation or "already exists". That is success: the
- * caller reads the catalog next and finds what the winner made.
- */
-static int exec_ddl(ces_apply_t *a, const char *sql, ces_pgerr_t *e) {
-    if (exec_simple(a, sql, e) == 0)
-        return 0;
-    if (!ces_pgerr_is_ddl_race(e->sqlstate))
-        return -1;
-    ces_log_debug("concurrent DDL (%s): %s", e->sqlstate, e->message);
-    ces_pgerr_clear(e);
-    return 0;
-}
-
-/* Creates the metadata schema and tables (idempotent) and prepares their SQL. */
-static int setup_metadata(ces_apply_t *a, ces_pgerr_t *e) {
-    char *schema = quote_ident(a->conn, a->metadata_schema);
-    if (schema == NULL) {
-        ces_pgerr_set(e, CES_PGERR_FATAL, -1, NULL, "out of memory");
-        return -1;
-    }
-    ces_strbuf_t sql = {0};
-    ces_strbuf_add(&sql, "CREATE SCHEMA IF NOT EXISTS ");
-    ces_strbuf_add(&sql, schema);
-    ces_strbuf_add(&sql, ";\nCREATE TABLE IF NOT EXISTS ");
-    ces_strbuf_add(&sql, schema);
-    ces_strbuf_add(&sql, ".offsets (\n"
-                 "  group_id text NOT NULL,\n"
-                 "  topic text NOT NULL,\n"
-                 "  partition integer NOT NULL,\n"
-                 "  next_offset bigint NOT NULL,\n"
-                 "  updated_at timestamptz NOT NULL DEFAULT now(),\n"
-                 "  PRIMARY KEY (group_id, topic, partition));\n"
-                 "CREATE TABLE IF NOT EXISTS ");
-    ces_strbuf_add(&sql, schema);
-    ces_strbuf_add(&sql, ".dead_letters (\n"
-                 "  id bigserial PRIMARY KEY,\n"
-                 "  created_at timestamptz NOT NULL DEFAULT now(),\n"
-                 "  topic text,\n"
-                 "  partition integer,\n"
-                 "  \"offset\" bigint,\n"
-                 "  reason text NOT NULL,\n"
-                 "  logicalid text,\n"
-                 "  payload bytea);\n"
-                 "CREATE TABLE IF NOT EXISTS ");
-    ces_strbuf_add(&sql, schema);
-    ces_strbuf_add(&sql, ".tombstones (\n"
-                 "  relid oid NOT NULL,\n"
-                 "  key text[] NOT NULL,\n"
-                 "  version numeric NOT NULL,\n"
-                 "  deleted_at timestamptz NOT NULL DEFAULT now(),\n"
-                 "  PRIMARY KEY (relid, key));\n"
-                 "CREATE INDEX IF NOT EXISTS tombstones_deleted_at ON ");
-    ces_strbuf_add(&sql, schema);
-    ces_strbuf_add(&sql, ".tombstones (deleted_at);\n");
-    free(a->tombstones);
-    free(a->version_quoted);
-    a->tombstones = malloc(strlen(schema) + sizeof(".tombstones"));
-    if (a->tombstones != NULL)
-        sprintf(a->tombstones, "%s.tombstones", schema);
-    a->version_quoted = quote_ident(a->conn, a->version_column);
-    free(a->sql_offsets);
-    free(a->sql_dead_letter);
-    ces_strbuf_t off = {0}, dl = {0};
-    /* The fence: the position is stored only over the one this instance read ($5; NULL: none).
-     * If another instance moved it, nothing is stored and the division by zero (SQLSTATE 22012,
-     * recognised in drain_some) aborts the transaction before the COMMIT that follows it in the
-     * same pipeline. */
-    ces_strbuf_add(&off, "WITH stored AS (INSERT INTO ");
-    ces_strbuf_add(&off, schema);
-    ces_strbuf_add(&off, ".offsets AS o (group_id, topic, partition, next_offset) VALUES ($1, $2, $3, $4)"
-                 " ON CONFLICT (group_id, topic, partition) DO UPDATE"
-                 " SET next_offset = EXCLUDED.next_offset, updated_at = now()"
-                 " WHERE o.next_offset = $5 RETURNING 1) SELECT 1 / count(*)::int FROM stored");
-    ces_strbuf_add(&dl, "INSERT INTO ");
-    ces_strbuf_add(&dl, schema);
-    ces_strbuf_add(&dl, ".dead_letters (topic, partition, \"offset\", reason, logicalid, payload)"
-                " VALUES ($1, $2, $3, $4, $5, $6)");
-    a->sql_offsets = off.buf;
-    a->sql_dead_letter = dl.buf;
-    free(schema);
-    int rc = -1;
-    if (sql.failed || off.failed || dl.failed || !a->tombstones || !a->version_quoted) {
-        ces_pgerr_set(e, CES_PGERR_FATAL, -1, NULL, "out of memory");
-        goto done;
-    }
-    /* Two instances may race to create the schema: the loser runs it again to create the rest. */
-    if (exec_ddl(a, sql.buf, e) != 0 || exec_ddl(a, sql.buf, e) != 0)
-        goto done;
-    rc = 0;
-done:
-    free(sql.buf);
-    return rc;
-}
-
-static int connect_once(ces_apply_t *a, ces_pgerr_t *e) {
-    disconnect(a);
-    /* The password, when given apart, overrides whatever conninfo says (expand_dbname). */
-    const char *const keywords[] = {"dbname", "password", NULL};
-    const char *const values[] = {a->conninfo, a->password, NULL};
-    a->conn = PQconnectdbParams(keywords, values, 1);
-    if (a->conn == NULL) {
-        ces_pgerr_set(e, CES_PGERR_FATAL, -1, NULL, "out of memory");
-        return -1;
-    }
-    if (PQstatus(a->conn) != CONNECTION_OK) {
-        const char *msg = PQerrorMessage(a->conn);
-        ces_pgerr_set(e, ces_pgerr_classify_connect_failure(msg), -1, NULL, "cannot connect to PostgreSQL: %s",
-                  msg);
-        disconnect(a);
-        return -1;
-    }
-    PQsetNoticeProcessor(a->conn, notice_processor, NULL);
-    /* Values arrive as SQL Server text; make their reading independent of the server's defaults.
-     * Every row change looks rows up by key (target tables, tombstones): without hash and merge
-     * joins the planner takes the key's index for the rows of a bulk statement, whereas a plan
-     * made while a table was small (and then kept as the generic plan) would scan it whole. */
-    if (exec_simple(a, "SET DateStyle = 'ISO, YMD'; SET IntervalStyle = 'postgres';"
-                       " SET extra_float_digits = 3; SET client_encoding = 'UTF8';"
-                       " SET enable_hashjoin = off; SET enable_mergejoin = off",
-                    e) != 0 ||
-        setup_metadata(a, e) != 0) {
-        disconnect(a);
-        return -1;
-    }
-    ces_log_info("connected to PostgreSQL (server %d, database %s)", PQserverVersion(a->conn),
-                 PQdb(a->conn));
-    if (a->heartbeat != NULL)
-        a->heartbeat(a->heartbeat_opaque, true);
-    return 0;
-}
-
-/* Sleeps ms milliseconds in short steps so that a stop request ends the wait. Returns -1 when a
- * stop was requested. */
-static int backoff_sleep(ces_apply_t *a, int64_t ms) {
-    while (ms > 0) {
-        if (a->stop_now != NULL && *a->stop_now)
-            return -1;
-        if (a->heartbeat != NULL)
-            a->heartbeat(a->heartbeat_opaque, ces_apply_connected(a));
-        int64_t step = ms < 50 ? ms : 50;
-        struct timespec ts = {.tv_sec = 0, .tv_nsec = (long)step * 1000000L};
-        nanosleep(&ts, NULL);
-        ms -= step;
-    }
-    return (a->stop_now != NULL && *a->stop_now) ? -1 : 0;
-}
-
-static int64_t next_backoff(ces_apply_t *a) {
-    int64_t ms = a->backoff_ms ? a->backoff_ms * 2 : 100;
-    if (ms > a->retry_max_ms)
-        ms = a->retry_max_ms;
-    a->backoff_ms = ms;
-    return ms;
-}
-
-/* Connects, retrying transient failures until connected, a fatal error, or a stop. */
-static ces_apply_status_t ensure_connected(ces_apply_t *a, char *errstr, size_t errstr_size) {
-    while (!ces_apply_connected(a)) {
-        ces_pgerr_t e = CES_PGERR_INIT;
-        if (connect_once(a, &e) == 0)
-            break;
-        if (e.cls != CES_PGERR_RETRY) {
-            snprintf(errstr, errstr_size, "%s", e.message);
-            return CES_APPLY_FATAL;
-        }
-        int64_t ms = next_backoff(a);
-        ces_log_warning("%s (retrying in %lld ms)", e.message, (long long)ms);
-        if (backoff_sleep(a, ms) != 0) {
-            snprintf(errstr, errstr_size, "stopped while waiting for PostgreSQL");
-            return CES_APPLY_INTERRUPTED;
-        }
-    }
-    return CES_APPLY_OK;
-}
+bool ces_apply_connected(const ces_apply_t *a) { return ces_session_connected(a->session); }
 
 bool ces_apply_check(ces_apply_t *a) {
     if (a->async != NULL)
         return ces_apply_connected(a);
-    if (a->conn != NULL && !a->in_stream && PQtransactionStatus(a->conn) == PQTRANS_IDLE) {
-        /* A server that shut down sent its goodbye and closed the socket: reading notices it. */
-        if (PQconsumeInput(a->conn) != 1 || PQstatus(a->conn) != CONNECTION_OK) {
-            ces_log_warning("PostgreSQL closed the connection: %s", PQerrorMessage(a->conn));
-            disconnect(a);
-        }
-        return ces_apply_connected(a);
-    }
-    if (a->conn == NULL) {
-        ces_pgerr_t e = CES_PGERR_INIT;
-        if (connect_once(a, &e) != 0)
-            ces_log_debug("reconnecting to PostgreSQL between batches: %s", e.message);
-    }
-    return ces_apply_connected(a);
+    return ces_session_check(a->session, stream_open(a));
 }
 
 ces_apply_status_t ces_apply_start(ces_apply_t *a, char *errstr, size_t errstr_size) {
@@ -500,45 +271,16 @@ ces_apply_status_t ces_apply_read_offsets(ces_apply_t *a, const char *topic,
         ces_apply_status_t st = ensure_connected(a, errstr, errstr_size);
         if (st != CES_APPLY_OK)
             return st;
-        char *schema = quote_ident(a->conn, a->metadata_schema);
-        if (schema == NULL) {
-            snprintf(errstr, errstr_size, "out of memory");
-            return CES_APPLY_FATAL;
-        }
-        ces_strbuf_t sql = {0};
-        ces_strbuf_add(&sql, "SELECT partition, next_offset FROM ");
-        ces_strbuf_add(&sql, schema);
-        ces_strbuf_add(&sql, ".offsets WHERE group_id = $1 AND topic = $2");
-        free(schema);
-        if (sql.failed) {
-            snprintf(errstr, errstr_size, "out of memory");
-            return CES_APPLY_FATAL;
-        }
-        const char *params[2] = {a->group_id, topic};
-        PGresult *r = PQexecParams(a->conn, sql.buf, 2, NULL, params, NULL, NULL, 0);
-        free(sql.buf);
-        if (PQresultStatus(r) == PGRES_TUPLES_OK) {
-            for (int row = 0; row < PQntuples(r); row++) {
-                int32_t p = (int32_t)strtol(PQgetvalue(r, row, 0), NULL, 10);
-                int64_t off = strtoll(PQgetvalue(r, row, 1), NULL, 10);
-                for (size_t i = 0; i < n; i++) {
-                    if (partitions[i] == p)
-                        offsets[i] = off;
-                }
-            }
-            PQclear(r);
-            return CES_APPLY_OK;
-        }
         ces_pgerr_t e = CES_PGERR_INIT;
-        ces_pgerr_from_result(&e, a->conn, r, -1);
-        PQclear(r);
+        if (ces_positions_read(a->positions, a->session, topic, partitions, n, offsets, &e) == 0)
+            return CES_APPLY_OK;
         if (e.cls != CES_PGERR_RETRY) {
             snprintf(errstr, errstr_size, "reading stored offsets: %s", e.message);
             return CES_APPLY_FATAL;
         }
         ces_log_warning("reading stored offsets: %s (retrying)", e.message);
-        disconnect(a);
-        if (backoff_sleep(a, next_backoff(a)) != 0) {
+        ces_session_disconnect(a->session);
+        if (ces_session_backoff_sleep(a->session, ces_session_backoff_next(a->session)) != 0) {
             snprintf(errstr, errstr_size, "stopped while waiting for PostgreSQL");
             return CES_APPLY_INTERRUPTED;
         }
@@ -549,7 +291,7 @@ ces_apply_status_t ces_apply_read_offsets(ces_apply_t *a, const char *topic,
 /* Target tables                                                                                  */
 
 static int table_add_column(table_t *t, const char *name, const char *type, const char *cast,
-                            PGconn *conn) {
+                            const ces_session_t *session) {
     if (t->ncols == t->capacity) {
         size_t cap = t->capacity ? t->capacity * 2 : 16;
         column_t *cols = realloc(t->cols, cap * sizeof(*cols));
@@ -562,7 +304,7 @@ static int table_add_column(table_t *t, const char *name, const char *type, cons
     c->name = strdup(name);
     c->type = strdup(type);
     c->cast = strdup(cast);
-    c->quoted = quote_ident(conn, name);
+    c->quoted = ces_session_quote(session, name);
     c->conv = ces_types_conversion(type);
     return c->name && c->type && c->cast && c->quoted ? 0 : -1;
 }
@@ -592,9 +334,9 @@ static int table_load(ces_apply_t *a, table_t *t, ces_pgerr_t *e) {
         "   AND a.attnum > 0 AND NOT a.attisdropped"
         " ORDER BY a.attnum";
     const char *params[2] = {t->pg_schema, t->pg_table};
-    PGresult *r = PQexecParams(a->conn, sql, 2, NULL, params, NULL, NULL, 0);
+    PGresult *r = PQexecParams(ces_session_conn(a->session), sql, 2, NULL, params, NULL, NULL, 0);
     if (PQresultStatus(r) != PGRES_TUPLES_OK) {
-        ces_pgerr_from_result(e, a->conn, r, -1);
+        ces_pgerr_from_result(e, ces_session_conn(a->session), r, -1);
         PQclear(r);
         return -1;
     }
@@ -612,7 +354,7 @@ static int table_load(ces_apply_t *a, table_t *t, ces_pgerr_t *e) {
         goto nomem;
     for (int row = 0; row < rows; row++) {
         if (table_add_column(t, PQgetvalue(r, row, 0), PQgetvalue(r, row, 1),
-                             PQgetvalue(r, row, 3), a->conn) != 0)
+                             PQgetvalue(r, row, 3), a->session) != 0)
             goto nomem;
         if (a->lsn_guard && strcmp(PQgetvalue(r, row, 0), a->version_column) == 0)
             t->version_col = row;
@@ -696,7 +438,7 @@ static int table_create(ces_apply_t *a, table_t *t, const ces_event_t *ev, ces_p
     ces_strbuf_t sql = {0};
     char **folded = NULL;
     int rc = -1;
-    char *schema = quote_ident(a->conn, t->pg_schema);
+    char *schema = ces_session_quote(a->session, t->pg_schema);
     if (schema == NULL || event_column_names(ev, &names) != 0)
         goto nomem;
     folded = calloc(names.count + 1, sizeof(char *));
@@ -719,7 +461,7 @@ static int table_create(ces_apply_t *a, table_t *t, const ces_event_t *ev, ces_p
             continue; /* two source names that fold alike: the first one wins */
         char type[64];
         pg_type_for(ev, names.names[i], type, sizeof(type), t->qualified);
-        char *q = quote_ident(a->conn, folded[i]);
+        char *q = ces_session_quote(a->session, folded[i]);
         if (q == NULL)
             goto nomem;
         ces_strbuf_add(&sql, ncols++ ? ", " : "");
@@ -730,13 +472,13 @@ static int table_create(ces_apply_t *a, table_t *t, const ces_event_t *ev, ces_p
     }
     if (a->lsn_guard) {
         ces_strbuf_add(&sql, ", ");
-        ces_strbuf_add(&sql, a->version_quoted);
+        ces_strbuf_add(&sql, ces_metadata_version_quoted(a->metadata));
         ces_strbuf_add(&sql, " numeric");
     }
     ces_strbuf_add(&sql, ", PRIMARY KEY (");
     for (size_t i = 0; i < ev->npkkey; i++) {
         char *f = fold_name(ev->pkkey[i].name, a->preserve_case);
-        char *q = f ? quote_ident(a->conn, f) : NULL;
+        char *q = f ? ces_session_quote(a->session, f) : NULL;
         free(f);
         if (q == NULL)
             goto nomem;
@@ -748,7 +490,7 @@ static int table_create(ces_apply_t *a, table_t *t, const ces_event_t *ev, ces_p
     if (sql.failed)
         goto nomem;
     ces_log_info("creating table %s", t->qualified);
-    if (exec_ddl(a, sql.buf, e) != 0)
+    if (ces_session_exec_ddl(a->session, sql.buf, e) != 0)
         goto done;
     rc = 0;
     goto done;
@@ -776,7 +518,7 @@ static int table_evolve(ces_apply_t *a, table_t *t, const ces_event_t *ev, const
         char type[64];
         pg_type_for(ev, missing[i], type, sizeof(type), t->qualified);
         char *f = fold_name(missing[i], a->preserve_case);
-        char *q = f ? quote_ident(a->conn, f) : NULL;
+        char *q = f ? ces_session_quote(a->session, f) : NULL;
         free(f);
         if (q == NULL) {
             free(sql.buf);
@@ -790,7 +532,7 @@ static int table_evolve(ces_apply_t *a, table_t *t, const ces_event_t *ev, const
         free(q);
         ces_log_info("table %s: adding column for '%s' (%s)", t->qualified, missing[i], type);
     }
-    int rc = sql.failed ? -1 : exec_ddl(a, sql.buf, e);
+    int rc = sql.failed ? -1 : ces_session_exec_ddl(a->session, sql.buf, e);
     if (sql.failed)
         ces_pgerr_set(e, CES_PGERR_FATAL, -1, NULL, "out of memory");
     free(sql.buf);
@@ -925,8 +667,8 @@ static table_t *table_new(ces_apply_t *a, const ces_event_t *ev) {
     t->pg_table = table ? fold_name(table, a->preserve_case) : NULL;
     free(schema);
     free(table);
-    char *qs = t->pg_schema ? quote_ident(a->conn, t->pg_schema) : NULL;
-    char *qt = t->pg_table ? quote_ident(a->conn, t->pg_table) : NULL;
+    char *qs = t->pg_schema ? ces_session_quote(a->session, t->pg_schema) : NULL;
+    char *qt = t->pg_table ? ces_session_quote(a->session, t->pg_table) : NULL;
     if (qs && qt && t->by_source && t->type_checks) {
         t->qualified = malloc(strlen(qs) + strlen(qt) + 2);
         if (t->qualified)
@@ -987,10 +729,10 @@ static table_t *ensure_table(ces_apply_t *a, const ces_event_t *ev, const char *
             ces_strbuf_add(&sql, "ALTER TABLE ");
             ces_strbuf_add(&sql, t->qualified);
             ces_strbuf_add(&sql, " ADD COLUMN IF NOT EXISTS ");
-            ces_strbuf_add(&sql, a->version_quoted);
+            ces_strbuf_add(&sql, ces_metadata_version_quoted(a->metadata));
             ces_strbuf_add(&sql, " numeric");
-            ces_log_info("table %s: adding the version column %s", t->qualified, a->version_quoted);
-            int rc = sql.failed ? -1 : exec_ddl(a, sql.buf, e);
+            ces_log_info("table %s: adding the version column %s", t->qualified, ces_metadata_version_quoted(a->metadata));
+            int rc = sql.failed ? -1 : ces_session_exec_ddl(a->session, sql.buf, e);
             free(sql.buf);
             if (rc != 0 || table_load(a, t, e) < 0)
                 return NULL;
@@ -1185,7 +927,7 @@ static int push_pending(sender_t *s, pend_kind_t kind, long item, stmt_t *stmt) 
 static int sent(sender_t *s, int ok, pend_kind_t kind, long item, stmt_t *stmt) {
     if (ok != 1) {
         ces_pgerr_set(s->e, CES_PGERR_RETRY, -1, NULL, "sending to PostgreSQL: %s",
-                  PQerrorMessage(s->a->conn));
+                  PQerrorMessage(ces_session_conn(s->a->session)));
         return -1;
     }
     return push_pending(s, kind, item, stmt);
@@ -1194,18 +936,12 @@ static int sent(sender_t *s, int ok, pend_kind_t kind, long item, stmt_t *stmt) 
 /* Ends what was sent with a Sync (its results can be read then). Returns -1 on a broken
  * connection. */
 static int send_sync(sender_t *s) {
-    if (PQpipelineSync(s->a->conn) != 1) {
+    if (PQpipelineSync(ces_session_conn(s->a->session)) != 1) {
         ces_pgerr_set(s->e, CES_PGERR_RETRY, -1, NULL, "sending to PostgreSQL: %s",
-                  PQerrorMessage(s->a->conn));
+                  PQerrorMessage(ces_session_conn(s->a->session)));
         return -1;
     }
     return 0;
-}
-
-/* The fence's division by zero (see setup_metadata). */
-static bool fence_raised(const PGresult *r) {
-    const char *state = PQresultErrorField(r, PG_DIAG_SQLSTATE);
-    return state != NULL && strcmp(state, ERRCODE_DIVISION_BY_ZERO) == 0;
 }
 
 /* Forgets where an incremental drain stopped (the pending results are dropped or read anew). */
@@ -1220,7 +956,7 @@ static void drain_reset(sender_t *s) {
  * returns 1; called again, it goes on from there (ces_apply_ready). Returns 0 at the Sync, -1 on a
  * broken connection. */
 static int drain_some(sender_t *s, bool wait) {
-    PGconn *conn = s->a->conn;
+    PGconn *conn = ces_session_conn(s->a->session);
     while (s->drained < s->npending || s->between) {
         if (!wait && PQisBusy(conn))
             return 1;
@@ -1244,14 +980,14 @@ static int drain_some(sender_t *s, bool wait) {
         }
         ExecStatusType st = PQresultStatus(r);
         if (p->kind == PEND_PREPARE && st != PGRES_COMMAND_OK)
-            p->stmt->prepared = false; /* aborted or failed: Parse it again next time */
+            p->stmt->epoch = 0; /* aborted or failed: Parse it again next time */
         if (st == PGRES_COMMAND_OK || st == PGRES_TUPLES_OK) {
             /* A COMMIT answered ROLLBACK undid the batch (it cannot happen inside a pipeline,
              * which skips everything after an error, but nothing else would notice). */
             if (p->kind == PEND_COMMIT && strcmp(PQcmdStatus(r), "COMMIT") != 0)
                 ces_pgerr_set(s->e, CES_PGERR_RETRY, -1, NULL, "PostgreSQL rolled the batch back (%s)",
                           PQcmdStatus(r));
-        } else if (p->kind == PEND_OFFSET && fence_raised(r)) {
+        } else if (p->kind == PEND_OFFSET && ces_positions_fence_raised(r)) {
             s->fenced = true; /* and the rest of the pipeline, COMMIT included, is skipped */
         } else if (st != PGRES_PIPELINE_ABORTED) {
             long item = (p->kind == PEND_ROW || p->kind == PEND_PREPARE) ? p->item : -1;
@@ -1314,7 +1050,7 @@ static int maybe_sync(sender_t *s) {
 }
 
 static int send_simple(sender_t *s, const char *sql) {
-    return sent(s, PQsendQueryParams(s->a->conn, sql, 0, NULL, NULL, NULL, NULL, 0), PEND_OTHER,
+    return sent(s, PQsendQueryParams(ces_session_conn(s->a->session), sql, 0, NULL, NULL, NULL, NULL, 0), PEND_OTHER,
                 -1, NULL);
 }
 
@@ -1363,7 +1099,7 @@ static stmt_t *get_statement(sender_t *s, const char *sig, size_t sig_len, long 
             return NULL;
         }
     }
-    if (!st->prepared) {
+    if (st->epoch != ces_session_epoch(a->session)) {
         ces_strbuf_t sql = {0};
         build(&sql, a, t, cols, ncols);
         if (sql.failed) {
@@ -1372,17 +1108,17 @@ static stmt_t *get_statement(sender_t *s, const char *sig, size_t sig_len, long 
             return NULL;
         }
         int nparams = (int)ncols + (a->lsn_guard && t->version_col >= 0 ? 1 : 0);
-        int ok = PQsendPrepare(a->conn, st->name, sql.buf, nparams, NULL);
+        int ok = PQsendPrepare(ces_session_conn(a->session), st->name, sql.buf, nparams, NULL);
         free(sql.buf);
         if (ok != 1) {
             ces_pgerr_set(s->e, CES_PGERR_RETRY, -1, NULL, "sending to PostgreSQL: %s",
-                      PQerrorMessage(a->conn));
+                      PQerrorMessage(ces_session_conn(a->session)));
             return NULL;
         }
         if (push_pending(s, PEND_PREPARE, item, st) != 0)
             return NULL;
         /* Later statements of this pipeline may use it at once: the server parses in order. */
-        st->prepared = true;
+        st->epoch = ces_session_epoch(a->session);
     }
     return st;
 }
@@ -1440,7 +1176,7 @@ static void build_upsert_sql(ces_strbuf_t *sql, const ces_apply_t *a, const tabl
     }
     if (guard) {
         ces_strbuf_add(sql, ", ");
-        ces_strbuf_add(sql, a->version_quoted);
+        ces_strbuf_add(sql, ces_metadata_version_quoted(a->metadata));
     }
     if (guard || bulk) {
         /* Typed values: in INSERT ... SELECT they take no type from the target columns. The
@@ -1467,7 +1203,7 @@ static void build_upsert_sql(ces_strbuf_t *sql, const ces_apply_t *a, const tabl
             ces_strbuf_add(sql, " WHERE NOT coalesce((SELECT ts.version > ");
             add_ref(sql, bulk, version_ref);
             ces_strbuf_add(sql, "::numeric FROM ");
-            ces_strbuf_add(sql, a->tombstones);
+            ces_strbuf_add(sql, ces_metadata_tombstones(a->metadata));
             ces_strbuf_addf(sql, " ts WHERE ts.relid = %u AND ts.key = ", t->oid);
             add_key_array(sql, t, bulk, key_refs);
             ces_strbuf_add(sql, "), false)");
@@ -1500,15 +1236,15 @@ static void build_upsert_sql(ces_strbuf_t *sql, const ces_apply_t *a, const tabl
     }
     if (guard) {
         ces_strbuf_add(sql, updates++ ? ", " : "UPDATE SET ");
-        ces_strbuf_add(sql, a->version_quoted);
+        ces_strbuf_add(sql, ces_metadata_version_quoted(a->metadata));
         ces_strbuf_add(sql, " = EXCLUDED.");
-        ces_strbuf_add(sql, a->version_quoted);
+        ces_strbuf_add(sql, ces_metadata_version_quoted(a->metadata));
         ces_strbuf_add(sql, " WHERE t.");
-        ces_strbuf_add(sql, a->version_quoted);
+        ces_strbuf_add(sql, ces_metadata_version_quoted(a->metadata));
         ces_strbuf_add(sql, " IS NULL OR t.");
-        ces_strbuf_add(sql, a->version_quoted);
+        ces_strbuf_add(sql, ces_metadata_version_quoted(a->metadata));
         ces_strbuf_add(sql, " < EXCLUDED.");
-        ces_strbuf_add(sql, a->version_quoted);
+        ces_strbuf_add(sql, ces_metadata_version_quoted(a->metadata));
     }
     if (updates == 0)
         ces_strbuf_add(sql, "NOTHING");
@@ -1552,13 +1288,13 @@ static void build_delete_sql(ces_strbuf_t *sql, const ces_apply_t *a, const tabl
     if (!guard)
         return;
     ces_strbuf_add(sql, " AND (t.");
-    ces_strbuf_add(sql, a->version_quoted);
+    ces_strbuf_add(sql, ces_metadata_version_quoted(a->metadata));
     ces_strbuf_add(sql, " IS NULL OR t.");
-    ces_strbuf_add(sql, a->version_quoted);
+    ces_strbuf_add(sql, ces_metadata_version_quoted(a->metadata));
     ces_strbuf_add(sql, " < ");
     add_ref(sql, bulk, version_ref);
     ces_strbuf_add(sql, "::numeric) RETURNING 1) INSERT INTO ");
-    ces_strbuf_add(sql, a->tombstones);
+    ces_strbuf_add(sql, ces_metadata_tombstones(a->metadata));
     ces_strbuf_addf(sql, " AS ts (relid, key, version) %s%u, ", bulk ? "SELECT " : "VALUES (", t->oid);
     add_key_array(sql, t, bulk, key_refs);
     ces_strbuf_add(sql, ", ");
@@ -1724,7 +1460,7 @@ static int bulk_send_group(sender_t *s, group_t *g) {
                                g->t, g->cols, g->ncols);
     if (st == NULL)
         goto done;
-    rc = sent(s, PQsendQueryPrepared(s->a->conn, st->name, (int)nv, params, plens, formats, 0),
+    rc = sent(s, PQsendQueryPrepared(ces_session_conn(s->a->session), st->name, (int)nv, params, plens, formats, 0),
               PEND_BULK, -1, NULL);
     if (rc == 0 && g->kind == 'i')
         s->pending[s->npending - 1].inserted = g->t;
@@ -1923,7 +1659,7 @@ static int send_delete(sender_t *s, long idx, ces_item_t *item, table_t *t,
         return -1;
     int nparams = add_version_param(s, t, &item->event, t->npk);
     return sent(s,
-                PQsendQueryPrepared(s->a->conn, st->name, nparams, s->values, s->lengths, NULL, 0),
+                PQsendQueryPrepared(ces_session_conn(s->a->session), st->name, nparams, s->values, s->lengths, NULL, 0),
                 PEND_ROW, idx, NULL);
 }
 
@@ -2015,7 +1751,7 @@ static int send_upsert(sender_t *s, long idx, ces_item_t *item, table_t *t, bool
     if (st == NULL)
         return -1;
     int nparams = add_version_param(s, t, ev, n);
-    return sent(s, PQsendQueryPrepared(s->a->conn, st->name, nparams, s->values, s->lengths, NULL, 0),
+    return sent(s, PQsendQueryPrepared(ces_session_conn(s->a->session), st->name, nparams, s->values, s->lengths, NULL, 0),
                 PEND_ROW, idx, NULL);
 }
 
@@ -2079,7 +1815,7 @@ static int send_dead_letter(sender_t *s, long idx, ces_item_t *item) {
     if (item->raw == NULL)
         values[5] = NULL;
     rc = sent(s,
-              PQsendQueryParams(s->a->conn, s->a->sql_dead_letter, 6, NULL, values, lengths,
+              PQsendQueryParams(ces_session_conn(s->a->session), ces_metadata_dead_letter_sql(s->a->metadata), 6, NULL, values, lengths,
                                 formats, 0),
               PEND_DEAD_LETTER, idx, NULL);
 done:
@@ -2091,14 +1827,13 @@ done:
 
 static int send_offsets(sender_t *s) {
     for (size_t i = 0; i < s->batch->noffsets; i++) {
-        const ces_offset_update_t *o = &s->batch->offsets[i];
-        char partition[16], next[24], expected[24];
-        snprintf(partition, sizeof(partition), "%d", (int)o->partition);
-        snprintf(next, sizeof(next), "%lld", (long long)o->next);
-        snprintf(expected, sizeof(expected), "%lld", (long long)o->expected);
-        const char *values[5] = {s->a->group_id, o->topic, partition, next,
-                                 o->has_expected ? expected : NULL};
-        if (sent(s, PQsendQueryParams(s->a->conn, s->a->sql_offsets, 5, NULL, values, NULL, NULL, 0),
+        ces_positions_params_t params;
+        ces_positions_update_params(s->a->positions, &s->batch->offsets[i], &params);
+        if (sent(s,
+                 PQsendQueryParams(ces_session_conn(s->a->session),
+                                   ces_positions_update_sql(s->a->positions),
+                                   CES_POSITIONS_UPDATE_NPARAMS, NULL, params.values, NULL, NULL,
+                                   0),
                  PEND_OFFSET, (long)i, NULL) != 0)
             return -1;
     }
@@ -2144,11 +1879,11 @@ static int prepare_tables(ces_apply_t *a, ces_batch_t *batch, table_t **tables,
  * to the next attempt's statements: a session that cannot leave pipeline mode is closed instead
  * (which rolls back whatever it had open). */
 static void leave_pipeline_or_disconnect(ces_apply_t *a) {
-    if (PQexitPipelineMode(a->conn) == 1)
+    if (PQexitPipelineMode(ces_session_conn(a->session)) == 1)
         return;
     ces_log_warning("PostgreSQL: leaving pipeline mode after a failed batch: %s; reconnecting",
-                    PQerrorMessage(a->conn));
-    disconnect(a);
+                    PQerrorMessage(ces_session_conn(a->session)));
+    ces_session_disconnect(a->session);
 }
 
 /* What one attempt sends: a whole transaction, or a part of a streamed one (see apply.h). */
@@ -2167,13 +1902,13 @@ static int attempt_send(ces_apply_t *a, ces_batch_t *batch, step_t step, sender_
     a->attempts++;
     if (prepare_tables(a, batch, tables, e) != 0)
         return -1;
-    if (PQenterPipelineMode(a->conn) != 1) {
-        ces_pgerr_set(e, CES_PGERR_RETRY, -1, NULL, "entering pipeline mode: %s", PQerrorMessage(a->conn));
+    if (PQenterPipelineMode(ces_session_conn(a->session)) != 1) {
+        ces_pgerr_set(e, CES_PGERR_RETRY, -1, NULL, "entering pipeline mode: %s", PQerrorMessage(ces_session_conn(a->session)));
         return -1;
     }
-    if (s->nonblocking && PQsetnonblocking(a->conn, 1) != 0) {
+    if (s->nonblocking && PQsetnonblocking(ces_session_conn(a->session), 1) != 0) {
         s->nonblocking = false;
-        ces_pgerr_set(e, CES_PGERR_RETRY, -1, NULL, "PostgreSQL: %s", PQerrorMessage(a->conn));
+        ces_pgerr_set(e, CES_PGERR_RETRY, -1, NULL, "PostgreSQL: %s", PQerrorMessage(ces_session_conn(a->session)));
         return -1;
     }
     if (send_simple(s, step == STEP_WHOLE ? "BEGIN" : "SAVEPOINT ces_step") != 0)
@@ -2199,7 +1934,7 @@ static int attempt_send(ces_apply_t *a, ces_batch_t *batch, step_t step, sender_
     /* A whole transaction commits in the same pipeline: the fence aborts it before COMMIT, and
      * ces2pg need not wait for one more round trip. */
     if (step == STEP_WHOLE &&
-        sent(s, PQsendQueryParams(a->conn, "COMMIT", 0, NULL, NULL, NULL, NULL, 0), PEND_COMMIT,
+        sent(s, PQsendQueryParams(ces_session_conn(a->session), "COMMIT", 0, NULL, NULL, NULL, NULL, 0), PEND_COMMIT,
              -1, NULL) != 0)
         return -1;
     if (send_sync(s) != 0)
@@ -2211,7 +1946,7 @@ static int attempt_send(ces_apply_t *a, ces_batch_t *batch, step_t step, sender_
 /* Back to blocking mode once libpq has sent all it buffered (reading results meanwhile, so that
  * the server never waits on a full socket). Returns 0, or -1 with s->e set. */
 static int leave_nonblocking(sender_t *s) {
-    PGconn *conn = s->a->conn;
+    PGconn *conn = ces_session_conn(s->a->session);
     if (!s->nonblocking)
         return 0;
     s->nonblocking = false;
@@ -2239,7 +1974,7 @@ static int attempt_finish(ces_apply_t *a, step_t step, sender_t *s) {
     if (leave_nonblocking(s) != 0 || drain(s) != 0 || e->cls != CES_PGERR_NONE) {
         /* The connection broke with COMMIT sent (attempt_send got that far, or finish would not
          * be called): it may have committed, and apply_step asks. */
-        if (step == STEP_WHOLE && PQstatus(a->conn) != CONNECTION_OK)
+        if (step == STEP_WHOLE && !ces_session_connected(a->session))
             e->in_commit = true;
         return -1;
     }
@@ -2255,8 +1990,8 @@ static int attempt_finish(ces_apply_t *a, step_t step, sender_t *s) {
         e->in_commit = step != STEP_CHUNK;
         return -1;
     }
-    if (PQexitPipelineMode(a->conn) != 1)
-        ces_pgerr_set(e, CES_PGERR_RETRY, -1, NULL, "leaving pipeline mode: %s", PQerrorMessage(a->conn));
+    if (PQexitPipelineMode(ces_session_conn(a->session)) != 1)
+        ces_pgerr_set(e, CES_PGERR_RETRY, -1, NULL, "leaving pipeline mode: %s", PQerrorMessage(ces_session_conn(a->session)));
     return 0;
 }
 
@@ -2264,7 +1999,7 @@ static int attempt_finish(ces_apply_t *a, step_t step, sender_t *s) {
  * last Sync (an error may have been read before the rest of the results, even while libpq was
  * still sending), then rolls back the transaction, or in a stream only the step. */
 static void roll_back(sender_t *s, bool whole) {
-    PGconn *conn = s->a->conn;
+    PGconn *conn = ces_session_conn(s->a->session);
     if (PQstatus(conn) != CONNECTION_OK || PQpipelineStatus(conn) == PQ_PIPELINE_OFF)
         return;
     ces_pgerr_t ignored = CES_PGERR_INIT;
@@ -2286,8 +2021,8 @@ static void attempt_abandon(sender_t *s, step_t step) {
     ces_apply_t *a = s->a;
     /* A data error undoes only a stream's step; anything else loses the whole transaction. */
     roll_back(s, step == STEP_WHOLE || !ces_pgerr_undoes_only_the_step(s->e->cls) || s->e->in_commit);
-    if (a->conn != NULL && PQisnonblocking(a->conn) && PQsetnonblocking(a->conn, 0) != 0)
-        disconnect(a);
+    if (ces_session_conn(a->session) != NULL && PQisnonblocking(ces_session_conn(a->session)) && PQsetnonblocking(ces_session_conn(a->session), 0) != 0)
+        ces_session_disconnect(a->session);
 }
 
 static void sender_free(sender_t *s) {
@@ -2332,23 +2067,13 @@ static void async_free(async_t *as) {
     free(as);
 }
 
-/*
- * After a failure during COMMIT the outcome is unknown. The positions tell: if every partition of
- * the batch already stands at the batch's new position, the commit happened.
- */
-static bool batch_committed(ces_apply_t *a, ces_batch_t *batch) {
-    if (batch->noffsets == 0)
-        return false;
-    for (size_t i = 0; i < batch->noffsets; i++) {
-        const ces_offset_update_t *o = &batch->offsets[i];
-        int64_t stored;
-        char err[256];
-        if (ces_apply_read_offsets(a, o->topic, &o->partition, 1, &stored, err, sizeof(err)) !=
-                CES_APPLY_OK ||
-            stored != o->next)
-            return false;
-    }
-    return true;
+static int read_one_position(void *opaque, const char *topic, int32_t partition,
+                             int64_t *stored) {
+    char err[256];
+    return ces_apply_read_offsets(opaque, topic, &partition, 1, stored, err, sizeof(err)) ==
+                   CES_APPLY_OK
+               ? 0
+               : -1;
 }
 
 static void count_committed(const ces_batch_t *batch, ces_apply_stats_t *stats) {
@@ -2383,7 +2108,7 @@ static ces_apply_status_t apply_step(ces_apply_t *a, ces_batch_t *batch, step_t 
         ces_apply_status_t st = ensure_connected(a, errstr, errstr_size);
         if (st != CES_APPLY_OK)
             return st;
-        if (commit_unknown && batch_committed(a, batch)) {
+        if (commit_unknown && ces_positions_committed(batch, read_one_position, a)) {
             ces_log_info("the batch had been committed before the connection was lost");
             break;
         }
@@ -2400,11 +2125,11 @@ static ces_apply_status_t apply_step(ces_apply_t *a, ces_batch_t *batch, step_t 
             !(e.cls == CES_PGERR_RETRY && e.in_commit)) {
             /* The open transaction is gone: what was streamed must be read again. */
             snprintf(errstr, errstr_size, "%s", e.message);
-            if (PQstatus(a->conn) != CONNECTION_OK || e.cls == CES_PGERR_STALE)
-                disconnect(a);
+            if (!ces_session_connected(a->session) || e.cls == CES_PGERR_STALE)
+                ces_session_disconnect(a->session);
             if (e.cls == CES_PGERR_STALE)
                 ces_map_clear(a->tables, table_free, NULL);
-            a->in_stream = false;
+            a->stream_epoch = 0;
             return CES_APPLY_LOST;
         }
         switch (e.cls) {
@@ -2450,27 +2175,27 @@ static ces_apply_status_t apply_step(ces_apply_t *a, ces_batch_t *batch, step_t 
             ces_log_warning("a target table changed underneath ces2pg (%s); reloading it",
                             e.message);
             ces_map_clear(a->tables, table_free, NULL);
-            ces_map_each(a->stmts, stmt_forget, NULL);
-            /* Statements of the old shape may still exist on the server: start a new session. */
-            disconnect(a);
+            /* Statements of the old shape may still exist on the server: start a new session
+             * (whose epoch makes every statement prepared again). */
+            ces_session_disconnect(a->session);
             if (stats)
                 stats->retries++;
             continue;
         case CES_PGERR_FENCED:
             snprintf(errstr, errstr_size, "%s", e.message);
-            a->in_stream = false;
+            a->stream_epoch = 0;
             return CES_APPLY_FENCED;
         case CES_PGERR_RETRY: {
             if (stats)
                 stats->retries++;
             commit_unknown = e.in_commit;
-            int64_t ms = next_backoff(a);
+            int64_t ms = ces_session_backoff_next(a->session);
             ces_log_warning("PostgreSQL: %s%s%s; rolling back and retrying the batch in %lld ms",
                             e.message, e.sqlstate[0] ? " SQLSTATE " : "", e.sqlstate,
                             (long long)ms);
-            if (PQstatus(a->conn) != CONNECTION_OK)
-                disconnect(a);
-            if (backoff_sleep(a, ms) != 0) {
+            if (!ces_session_connected(a->session))
+                ces_session_disconnect(a->session);
+            if (ces_session_backoff_sleep(a->session, ms) != 0) {
                 snprintf(errstr, errstr_size, "stopped while retrying a batch");
                 return CES_APPLY_INTERRUPTED;
             }
@@ -2482,54 +2207,24 @@ static ces_apply_status_t apply_step(ces_apply_t *a, ces_batch_t *batch, step_t 
             return CES_APPLY_FATAL;
         }
     }
-    a->backoff_ms = 0;
+    ces_session_backoff_reset(a->session);
     if (step == STEP_LAST)
-        a->in_stream = false;
+        a->stream_epoch = 0;
     count_committed(batch, stats);
     return CES_APPLY_OK;
 }
 
-/*
- * Deletes tombstones past their retention, a bounded number at a time, between batches: it never
- * holds locks that apply waits for for long. At most once a minute (or once per retention period
- * when that is shorter). Failures only log: the next round tries again.
- */
-static void purge_tombstones(ces_apply_t *a) {
-    if (!a->lsn_guard || a->tombstones == NULL || !ces_apply_connected(a))
-        return;
-    int64_t now = ces_clock_now_ms();
-    int64_t every = a->tombstone_retention_s * 1000 < 60000 ? a->tombstone_retention_s * 1000 : 60000;
-    if (now - a->last_purge_ms < every)
-        return;
-    a->last_purge_ms = now;
-    ces_strbuf_t sql = {0};
-    ces_strbuf_add(&sql, "DELETE FROM ");
-    ces_strbuf_add(&sql, a->tombstones);
-    ces_strbuf_add(&sql, " WHERE ctid = ANY (ARRAY (SELECT ctid FROM ");
-    ces_strbuf_add(&sql, a->tombstones);
-    ces_strbuf_add(&sql, " WHERE deleted_at < now() - make_interval(secs => $1) LIMIT 10000))");
-    char secs[24];
-    snprintf(secs, sizeof(secs), "%lld", (long long)a->tombstone_retention_s);
-    const char *params[1] = {secs};
-    PGresult *r = sql.failed ? NULL : PQexecParams(a->conn, sql.buf, 1, NULL, params, NULL, NULL, 0);
-    if (PQresultStatus(r) == PGRES_COMMAND_OK) {
-        if (strcmp(PQcmdTuples(r), "0") != 0)
-            ces_log_info("purged %s tombstones older than %lld s", PQcmdTuples(r),
-                         (long long)a->tombstone_retention_s);
-    } else {
-        ces_log_warning("purging tombstones: %s", r ? PQresultErrorMessage(r) : "out of memory");
-    }
-    PQclear(r);
-    free(sql.buf);
+static void between_batches(ces_apply_t *a) {
+    ces_janitor_run(a->janitor, a->session, ces_metadata_tombstones(a->metadata));
 }
 
 ces_apply_status_t ces_apply_batch(ces_apply_t *a, ces_batch_t *batch, ces_apply_stats_t *stats,
                                    char *errstr, size_t errstr_size) {
-    bool whole = !a->in_stream;
+    bool whole = !stream_open(a);
     ces_apply_status_t st = apply_step(a, batch, whole ? STEP_WHOLE : STEP_CHUNK, NULL, stats,
                                        errstr, errstr_size);
     if (st == CES_APPLY_OK && whole)
-        purge_tombstones(a);
+        between_batches(a);
     return st;
 }
 
@@ -2538,13 +2233,13 @@ ces_apply_status_t ces_apply_stream_begin(ces_apply_t *a, char *errstr, size_t e
     if (st != CES_APPLY_OK)
         return st;
     ces_pgerr_t e = CES_PGERR_INIT;
-    if (exec_simple(a, "BEGIN", &e) != 0) {
+    if (ces_session_exec(a->session, "BEGIN", &e) != 0) {
         snprintf(errstr, errstr_size, "%s", e.message);
-        if (PQstatus(a->conn) != CONNECTION_OK)
-            disconnect(a);
+        if (!ces_session_connected(a->session))
+            ces_session_disconnect(a->session);
         return e.cls == CES_PGERR_FATAL ? CES_APPLY_FATAL : CES_APPLY_LOST;
     }
-    a->in_stream = true;
+    a->stream_epoch = ces_session_epoch(a->session);
     return CES_APPLY_OK;
 }
 
@@ -2560,10 +2255,10 @@ ces_apply_status_t ces_apply_send(ces_apply_t *a, ces_batch_t *batch, char *errs
         snprintf(errstr, errstr_size, "a batch was sent while another one is open");
         return CES_APPLY_FATAL;
     }
-    step_t step = a->in_stream ? STEP_CHUNK : STEP_WHOLE;
+    step_t step = stream_open(a) ? STEP_CHUNK : STEP_WHOLE;
     if (step == STEP_CHUNK && !ces_apply_connected(a)) {
         snprintf(errstr, errstr_size, "the connection of the open transaction was lost");
-        a->in_stream = false;
+        a->stream_epoch = 0;
         return CES_APPLY_LOST;
     }
     if (step == STEP_WHOLE) {
@@ -2597,28 +2292,28 @@ ces_apply_status_t ces_apply_send(ces_apply_t *a, ces_batch_t *batch, char *errs
 
 void ces_apply_progress(ces_apply_t *a) {
     async_t *as = a->async;
-    if (as == NULL || !as->s.nonblocking || as->e.cls != CES_PGERR_NONE || a->conn == NULL)
+    if (as == NULL || !as->s.nonblocking || as->e.cls != CES_PGERR_NONE || ces_session_conn(a->session) == NULL)
         return;
     /* Errors show when the batch is finished. */
-    if (PQflush(a->conn) >= 0)
-        PQconsumeInput(a->conn);
+    if (PQflush(ces_session_conn(a->session)) >= 0)
+        PQconsumeInput(ces_session_conn(a->session));
 }
 
 bool ces_apply_ready(ces_apply_t *a) {
     async_t *as = a->async;
-    if (as == NULL || as->e.cls != CES_PGERR_NONE || a->conn == NULL || as->s.drain_done)
+    if (as == NULL || as->e.cls != CES_PGERR_NONE || ces_session_conn(a->session) == NULL || as->s.drain_done)
         return true;
     /* Trouble of any kind shows when the batch is finished: report ready. */
     if (as->s.nonblocking) {
-        int flushed = PQflush(a->conn);
+        int flushed = PQflush(ces_session_conn(a->session));
         if (flushed < 0)
             return true;
         if (flushed == 1) {
-            PQconsumeInput(a->conn); /* the server may wait for us to read before it reads on */
+            PQconsumeInput(ces_session_conn(a->session)); /* the server may wait for us to read before it reads on */
             return false;
         }
     }
-    if (PQconsumeInput(a->conn) != 1)
+    if (PQconsumeInput(ces_session_conn(a->session)) != 1)
         return true;
     int rc = drain_some(&as->s, false);
     if (rc == 1)
@@ -2642,20 +2337,17 @@ ces_apply_status_t ces_apply_finish(ces_apply_t *a, ces_apply_stats_t *stats, ch
     async_free(as);
     ces_apply_status_t st = apply_step(a, batch, step, &e, stats, errstr, errstr_size);
     if (st == CES_APPLY_OK && step == STEP_WHOLE)
-        purge_tombstones(a);
+        between_batches(a);
     return st;
 }
 
 void ces_apply_stream_abort(ces_apply_t *a) {
-    if (!a->in_stream)
+    if (!stream_open(a))
         return;
-    a->in_stream = false;
-    if (ces_apply_connected(a)) {
-        PGresult *r = PQexec(a->conn, "ROLLBACK");
-        if (PQresultStatus(r) != PGRES_COMMAND_OK)
-            disconnect(a);
-        PQclear(r);
-    }
+    a->stream_epoch = 0;
+    ces_pgerr_t e = CES_PGERR_INIT;
+    if (ces_apply_connected(a) && ces_session_exec(a->session, "ROLLBACK", &e) != 0)
+        ces_session_disconnect(a->session);
 }
 
-bool ces_apply_streaming(const ces_apply_t *a) { return a->in_stream; }
+bool ces_apply_streaming(const ces_apply_t *a) { return stream_open(a); }
