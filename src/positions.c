@@ -1,6 +1,18 @@
 #include "positions.h"
 
+#include <libpq-fe.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
 #include "log.h"
+#include "pgerr.h"
+#include "session.h"
+#include "strbuf.h"
+
+/* ============================================================================================== */
+/* 1. The pipeline's bookkeeping                                                                  */
+/* ============================================================================================== */
 
 void ces_positions_on_assign(ces_partition_position_t *pos, const char *topic,
                              int32_t partition, int64_t stored) {
@@ -66,3 +78,123 @@ int64_t ces_positions_on_rewind(ces_partition_position_t *pos, int64_t stored) {
 int64_t ces_positions_next_to_apply(const ces_partition_position_t *pos) {
     return pos->has_stored ? pos->stored : pos->has_next ? pos->next : -1;
 }
+
+/* ============================================================================================== */
+/* 2. Positions in PostgreSQL (the apply room)                                                    */
+/* ============================================================================================== */
+
+struct ces_positions_s {
+    char *group_id;
+    char *sql_update;
+    char *sql_read;
+};
+
+ces_positions_t *ces_positions_new(const char *group_id) {
+    ces_positions_t *p = calloc(1, sizeof(*p));
+    if (p == NULL)
+        return NULL;
+    if ((p->group_id = strdup(group_id)) == NULL) {
+        ces_positions_destroy(p);
+        return NULL;
+    }
+    return p;
+}
+
+void ces_positions_destroy(ces_positions_t *p) {
+    if (p == NULL)
+        return;
+    free(p->group_id);
+    free(p->sql_update);
+    free(p->sql_read);
+    free(p);
+}
+
+int ces_positions_set_schema(ces_positions_t *p, const char *schema_quoted) {
+    ces_strbuf_t update = {0}, read = {0};
+    /* The fence: the position is stored only over the one this instance read ($5; NULL: none).
+     * If another instance moved it, nothing is stored and the division by zero
+     * (ERRCODE_DIVISION_BY_ZERO, recognised by ces_positions_fence_raised as the sender drains the
+     * pipeline) aborts the transaction before the COMMIT that follows it in the same pipeline. */
+    ces_strbuf_add(&update, "WITH stored AS (INSERT INTO ");
+    ces_strbuf_add(&update, schema_quoted);
+    ces_strbuf_add(&update,
+                   ".offsets AS o (group_id, topic, partition, next_offset) VALUES ($1, $2, $3, $4)"
+                   " ON CONFLICT (group_id, topic, partition) DO UPDATE"
+                   " SET next_offset = EXCLUDED.next_offset, updated_at = now()"
+                   " WHERE o.next_offset = $5 RETURNING 1) SELECT 1 / count(*)::int FROM stored");
+    ces_strbuf_add(&read, "SELECT partition, next_offset FROM ");
+    ces_strbuf_add(&read, schema_quoted);
+    ces_strbuf_add(&read, ".offsets WHERE group_id = $1 AND topic = $2");
+    free(p->sql_update);
+    free(p->sql_read);
+    p->sql_update = p->sql_read = NULL;
+    if (update.failed || read.failed) {
+        ces_strbuf_free(&update);
+        ces_strbuf_free(&read);
+        return -1;
+    }
+    p->sql_update = update.buf;
+    p->sql_read = read.buf;
+    return 0;
+}
+
+const char *ces_positions_update_sql(const ces_positions_t *p) { return p->sql_update; }
+
+void ces_positions_update_params(const ces_positions_t *p, const ces_offset_update_t *o,
+                                 ces_positions_params_t *params) {
+    snprintf(params->partition, sizeof(params->partition), "%d", (int)o->partition);
+    snprintf(params->next, sizeof(params->next), "%lld", (long long)o->next);
+    snprintf(params->expected, sizeof(params->expected), "%lld", (long long)o->expected);
+    params->values[0] = p->group_id;
+    params->values[1] = o->topic;
+    params->values[2] = params->partition;
+    params->values[3] = params->next;
+    params->values[4] = o->has_expected ? params->expected : NULL;
+}
+
+bool ces_positions_fence_raised(const PGresult *res) {
+    const char *state = PQresultErrorField(res, PG_DIAG_SQLSTATE);
+    return state != NULL && strcmp(state, ERRCODE_DIVISION_BY_ZERO) == 0;
+}
+
+int ces_positions_read(const ces_positions_t *p, ces_session_t *session, const char *topic,
+                       const int32_t *partitions, size_t n, int64_t *offsets, ces_pgerr_t *e) {
+    if (p->sql_read == NULL) {
+        ces_pgerr_set(e, CES_PGERR_FATAL, -1, NULL, "out of memory");
+        return -1;
+    }
+    PGconn *conn = ces_session_conn(session);
+    const char *params[2] = {p->group_id, topic};
+    PGresult *r = PQexecParams(conn, p->sql_read, 2, NULL, params, NULL, NULL, 0);
+    if (PQresultStatus(r) != PGRES_TUPLES_OK) {
+        ces_pgerr_from_result(e, conn, r, -1);
+        PQclear(r);
+        return -1;
+    }
+    for (int row = 0; row < PQntuples(r); row++) {
+        int32_t partition = (int32_t)strtol(PQgetvalue(r, row, 0), NULL, 10);
+        int64_t offset = strtoll(PQgetvalue(r, row, 1), NULL, 10);
+        for (size_t i = 0; i < n; i++) {
+            if (partitions[i] == partition)
+                offsets[i] = offset;
+        }
+    }
+    PQclear(r);
+    return 0;
+}
+
+bool ces_positions_committed(const ces_batch_t *batch, ces_positions_reader_t read, void *opaque) {
+    if (batch->noffsets == 0)
+        return false;
+    for (size_t i = 0; i < batch->noffsets; i++) {
+        const ces_offset_update_t *o = &batch->offsets[i];
+        int64_t stored;
+        if (read(opaque, o->topic, o->partition, &stored) != 0 || stored != o->next)
+            return false;
+    }
+    return true;
+}
+
+/* ============================================================================================== */
+/* 2. The pipeline's bookkeeping of positions                                                     */
+/* ============================================================================================== */

@@ -1,30 +1,39 @@
 /*
- * positions: where each partition stands, and what may be stored for it.
+ * positions: the one home of consumer positions (docs/semantics.md, "Delivery").
  *
- * The one home of consumer positions (docs/semantics.md, "Delivery"). A position is the next
- * offset to apply. Its life:
- *   1. at assignment the pipeline reads the stored position from PostgreSQL (through the apply
- *      door) and keeps it as the fence: ces_positions_on_assign;
+ * A position is the next offset of a partition to apply. It is stored in PostgreSQL in the same
+ * transaction as the changes it covers, so that after any failure consumption resumes exactly
+ * where the committed data ends. Its life:
+ *   1. at assignment the pipeline reads the stored position (through the apply door, which calls
+ *      ces_positions_read) and keeps it as the fence: ces_positions_on_assign;
  *   2. every record read moves `next` on: ces_positions_on_read;
  *   3. each batch carries, per partition, the position it may store: `next`, held back by every
  *      record not yet applied or dead-lettered (segments waiting for the rest of their event,
  *      events held for their transaction), and fenced on the stored one: ces_positions_to_store;
- *   4. the batch's transaction stores it only where PostgreSQL still holds the fence;
+ *   4. the batch's transaction stores it with the fenced update (ces_positions_update_sql), which
+ *      stores nothing where another instance moved the position and aborts the transaction;
  *   5. once committed it is the new fence (ces_positions_on_commit) and the feed tells Kafka, for
- *      lag monitoring only;
+ *      lag monitoring only; when the answer to COMMIT was lost, the stored positions tell whether
+ *      it happened (ces_positions_committed);
  *   6. a batch that could not be applied (fenced, or a streamed transaction lost) sends every
  *      partition back to the position PostgreSQL holds: ces_positions_on_rewind.
  *
- * A ces_partition_position_t is a plain value inside the pipeline's partition table; these
- * functions keep its fields consistent. Nothing here does I/O.
+ * Two sections: the pipeline's bookkeeping (a plain value per partition in the pipeline's
+ * partition table; no I/O), and PostgreSQL's half (the statements; called by the apply room only,
+ * which is the only code that talks to PostgreSQL). The offsets table is created by metadata.h.
  */
 #ifndef CES_POSITIONS_H
 #define CES_POSITIONS_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "batch.h"
+
+/* ============================================================================================== */
+/* 1. The pipeline's bookkeeping                                                                  */
+/* ============================================================================================== */
 
 typedef struct {
     bool has_stored; /* PostgreSQL holds a position for the partition */
@@ -66,5 +75,67 @@ int64_t ces_positions_on_rewind(ces_partition_position_t *pos, int64_t stored);
 
 /* The next offset to apply: the stored position, else the next record to read, else -1. */
 int64_t ces_positions_next_to_apply(const ces_partition_position_t *pos);
+
+/* ============================================================================================== */
+/* 2. Positions in PostgreSQL (the apply room)                                                    */
+/* ============================================================================================== */
+
+/* Declared in libpq-fe.h, session.h and pgerr.h; not included, so that the pipeline, which keeps
+ * the bookkeeping above, does not see libpq. */
+typedef struct pg_result PGresult;
+typedef struct ces_session_s ces_session_t;
+typedef struct ces_pgerr_s ces_pgerr_t;
+
+typedef struct ces_positions_s ces_positions_t;
+
+/* The fenced update's parameters: $1 group, $2 topic, $3 partition, $4 the new position, $5 the
+ * position read when the partition was assigned (NULL: there was none). */
+#define CES_POSITIONS_UPDATE_NPARAMS 5
+
+/* One position update's parameters, as text. values point into the struct itself: fill it with
+ * ces_positions_update_params and use it where it lies (do not copy it). */
+typedef struct {
+    const char *values[CES_POSITIONS_UPDATE_NPARAMS];
+    char partition[16];
+    char next[24];
+    char expected[24];
+} ces_positions_params_t;
+
+/* Copies group_id (the consumer group whose positions are stored). Returns NULL when out of
+ * memory. Owned by the caller. */
+ces_positions_t *ces_positions_new(const char *group_id) __attribute__((warn_unused_result));
+/* Accepts NULL. */
+void ces_positions_destroy(ces_positions_t *positions);
+
+/* Builds the statements for the metadata schema (quoted, as ces_metadata_schema_quoted gives it).
+ * Returns 0, or -1 when out of memory. */
+int ces_positions_set_schema(ces_positions_t *positions, const char *schema_quoted)
+    __attribute__((warn_unused_result));
+
+/* The fenced update: stores a position only over the one this instance read. If another instance
+ * moved it, nothing is stored and the statement divides by zero, which aborts the transaction
+ * before its COMMIT. Owned by positions; NULL before ces_positions_set_schema. */
+const char *ces_positions_update_sql(const ces_positions_t *positions);
+/* Fills params for update (whose strings must outlive params' use). */
+void ces_positions_update_params(const ces_positions_t *positions,
+                                 const ces_offset_update_t *update, ces_positions_params_t *params);
+/* True when res is the fenced update's refusal (its division by zero). */
+bool ces_positions_fence_raised(const PGresult *res);
+
+/* Reads the stored next offsets of topic's partitions[0..n) into offsets[0..n), once (no retry);
+ * offsets PostgreSQL has none for are left as they are. Returns 0, or -1 with e set. */
+int ces_positions_read(const ces_positions_t *positions, ces_session_t *session, const char *topic,
+                       const int32_t *partitions, size_t n, int64_t *offsets, ces_pgerr_t *e)
+    __attribute__((warn_unused_result));
+
+/* Reads one partition's stored position into *stored (-1: none). Returns 0, or -1 when it could
+ * not be read. */
+typedef int (*ces_positions_reader_t)(void *opaque, const char *topic, int32_t partition,
+                                      int64_t *stored);
+
+/* After a failure during COMMIT the outcome is unknown; the positions tell. True when every
+ * partition of batch already stands at the batch's new position (so the commit happened); false
+ * when one does not, cannot be read, or the batch stores no position. */
+bool ces_positions_committed(const ces_batch_t *batch, ces_positions_reader_t read, void *opaque);
 
 #endif

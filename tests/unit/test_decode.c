@@ -23,22 +23,8 @@ static ces_decoder_t *new_decoder(void) {
     return d;
 }
 
-/* Compares text with the golden file at path (or rewrites it). */
 static void check_golden(const char *path, const char *text) {
-    if (getenv("CES_UPDATE_GOLDEN") != NULL) {
-        FILE *f = fopen(path, "w");
-        assert_non_null(f);
-        fputs(text, f);
-        fclose(f);
-        return;
-    }
-    char *want = test_read_file(path, NULL);
-    if (strcmp(want, text) != 0) {
-        fprintf(stderr, "--- expected %s\n%s\n--- got\n%s\n", path, want, text);
-        free(want);
-        fail_msg("decoded form differs from %s", path);
-    }
-    free(want);
+    test_check_golden(path, text, "decoded form");
 }
 
 /* The records of a fixture file: base64 lines decoded, others as they are. Each record is

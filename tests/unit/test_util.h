@@ -36,4 +36,24 @@ static inline char *test_read_file(const char *path, size_t *len) {
     return buf;
 }
 
+/* Compares text with the golden file at path, or rewrites the file when CES_UPDATE_GOLDEN is set
+ * (after a deliberate change; review the diff). A difference fails the test, naming what differs
+ * (e.g. "decoded form"). */
+static inline void test_check_golden(const char *path, const char *text, const char *what) {
+    if (getenv("CES_UPDATE_GOLDEN") != NULL) {
+        FILE *f = fopen(path, "w");
+        assert_non_null(f);
+        fputs(text, f);
+        fclose(f);
+        return;
+    }
+    char *want = test_read_file(path, NULL);
+    if (strcmp(want, text) != 0) {
+        fprintf(stderr, "--- expected %s\n%s\n--- got\n%s\n", path, want, text);
+        free(want);
+        fail_msg("%s differs from %s", what, path);
+    }
+    free(want);
+}
+
 #endif

@@ -1,0 +1,134 @@
+#include "metadata.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "strbuf.h"
+
+struct ces_metadata_s {
+    char *schema;
+    char *version_column;
+    /* Made by ces_metadata_setup, for its connection. */
+    char *schema_quoted;
+    char *tombstones;
+    char *version_quoted;
+    char *sql_dead_letter;
+};
+
+ces_metadata_t *ces_metadata_new(const char *schema, const char *version_column) {
+    ces_metadata_t *m = calloc(1, sizeof(*m));
+    if (m == NULL)
+        return NULL;
+    m->schema = strdup(schema);
+    m->version_column = strdup(version_column);
+    if (m->schema == NULL || m->version_column == NULL) {
+        ces_metadata_destroy(m);
+        return NULL;
+    }
+    return m;
+}
+
+static void forget_names(ces_metadata_t *m) {
+    free(m->schema_quoted);
+    free(m->tombstones);
+    free(m->version_quoted);
+    free(m->sql_dead_letter);
+    m->schema_quoted = m->tombstones = m->version_quoted = m->sql_dead_letter = NULL;
+}
+
+void ces_metadata_destroy(ces_metadata_t *m) {
+    if (m == NULL)
+        return;
+    forget_names(m);
+    free(m->schema);
+    free(m->version_column);
+    free(m);
+}
+
+static void add_ddl(ces_strbuf_t *sql, const char *schema) {
+    ces_strbuf_add(sql, "CREATE SCHEMA IF NOT EXISTS ");
+    ces_strbuf_add(sql, schema);
+    ces_strbuf_add(sql, ";\nCREATE TABLE IF NOT EXISTS ");
+    ces_strbuf_add(sql, schema);
+    ces_strbuf_add(sql, ".offsets (\n"
+                        "  group_id text NOT NULL,\n"
+                        "  topic text NOT NULL,\n"
+                        "  partition integer NOT NULL,\n"
+                        "  next_offset bigint NOT NULL,\n"
+                        "  updated_at timestamptz NOT NULL DEFAULT now(),\n"
+                        "  PRIMARY KEY (group_id, topic, partition));\n"
+                        "CREATE TABLE IF NOT EXISTS ");
+    ces_strbuf_add(sql, schema);
+    ces_strbuf_add(sql, ".dead_letters (\n"
+                        "  id bigserial PRIMARY KEY,\n"
+                        "  created_at timestamptz NOT NULL DEFAULT now(),\n"
+                        "  topic text,\n"
+                        "  partition integer,\n"
+                        "  \"offset\" bigint,\n"
+                        "  reason text NOT NULL,\n"
+                        "  logicalid text,\n"
+                        "  payload bytea);\n"
+                        "CREATE TABLE IF NOT EXISTS ");
+    ces_strbuf_add(sql, schema);
+    ces_strbuf_add(sql, ".tombstones (\n"
+                        "  relid oid NOT NULL,\n"
+                        "  key text[] NOT NULL,\n"
+                        "  version numeric NOT NULL,\n"
+                        "  deleted_at timestamptz NOT NULL DEFAULT now(),\n"
+                        "  PRIMARY KEY (relid, key));\n"
+                        "CREATE INDEX IF NOT EXISTS tombstones_deleted_at ON ");
+    ces_strbuf_add(sql, schema);
+    ces_strbuf_add(sql, ".tombstones (deleted_at);\n");
+}
+
+/* The quoted names and the dead-letter statement, for the session's connection. */
+static int make_names(ces_metadata_t *m, const ces_session_t *session) {
+    forget_names(m);
+    m->schema_quoted = ces_session_quote(session, m->schema);
+    m->version_quoted = ces_session_quote(session, m->version_column);
+    if (m->schema_quoted == NULL || m->version_quoted == NULL)
+        return -1;
+    m->tombstones = malloc(strlen(m->schema_quoted) + sizeof(".tombstones"));
+    if (m->tombstones == NULL)
+        return -1;
+    sprintf(m->tombstones, "%s.tombstones", m->schema_quoted);
+    ces_strbuf_t dl = {0};
+    ces_strbuf_add(&dl, "INSERT INTO ");
+    ces_strbuf_add(&dl, m->schema_quoted);
+    ces_strbuf_add(&dl, ".dead_letters (topic, partition, \"offset\", reason, logicalid, payload)"
+                        " VALUES ($1, $2, $3, $4, $5, $6)");
+    if (dl.failed) {
+        ces_strbuf_free(&dl);
+        return -1;
+    }
+    m->sql_dead_letter = dl.buf;
+    return 0;
+}
+
+int ces_metadata_setup(ces_metadata_t *m, ces_session_t *session, ces_pgerr_t *e) {
+    ces_strbuf_t sql = {0};
+    int rc = -1;
+    if (make_names(m, session) != 0) {
+        ces_pgerr_set(e, CES_PGERR_FATAL, -1, NULL, "out of memory");
+        goto done;
+    }
+    add_ddl(&sql, m->schema_quoted);
+    if (sql.failed) {
+        ces_pgerr_set(e, CES_PGERR_FATAL, -1, NULL, "out of memory");
+        goto done;
+    }
+    /* Two instances may race to create the schema: the loser runs it again to create the rest. */
+    if (ces_session_exec_ddl(session, sql.buf, e) != 0 ||
+        ces_session_exec_ddl(session, sql.buf, e) != 0)
+        goto done;
+    rc = 0;
+done:
+    ces_strbuf_free(&sql);
+    return rc;
+}
+
+const char *ces_metadata_schema_quoted(const ces_metadata_t *m) { return m->schema_quoted; }
+const char *ces_metadata_tombstones(const ces_metadata_t *m) { return m->tombstones; }
+const char *ces_metadata_version_quoted(const ces_metadata_t *m) { return m->version_quoted; }
+const char *ces_metadata_dead_letter_sql(const ces_metadata_t *m) { return m->sql_dead_letter; }

@@ -1,0 +1,38 @@
+/*
+ * metadata: ces2pg's own schema in the target database (apply.metadata_schema, "ces2pg").
+ *
+ * It holds offsets (the consumer positions, fenced: positions.h), dead_letters (what could not be
+ * applied, with the record's bytes) and tombstones (the versions of deleted keys, so that an older
+ * change resent late cannot bring a row back; see docs/semantics.md). The DDL is idempotent and
+ * tolerates another instance running it at the same moment; it runs on every new connection.
+ */
+#ifndef CES_METADATA_H
+#define CES_METADATA_H
+
+#include "pgerr.h"
+#include "session.h"
+
+typedef struct ces_metadata_s ces_metadata_t;
+
+/* Copies schema (the metadata schema's name) and version_column (the per-row version column's
+ * name). Returns NULL when out of memory. Owned by the caller. */
+ces_metadata_t *ces_metadata_new(const char *schema, const char *version_column)
+    __attribute__((warn_unused_result));
+/* Accepts NULL. */
+void ces_metadata_destroy(ces_metadata_t *metadata);
+
+/* Quotes the names for session's connection and creates the schema and its tables. Returns 0, or
+ * -1 with e set. */
+int ces_metadata_setup(ces_metadata_t *metadata, ces_session_t *session, ces_pgerr_t *e)
+    __attribute__((warn_unused_result));
+
+/* Names quoted for SQL, and the dead-letter INSERT; NULL before the first ces_metadata_setup.
+ * Each is owned by metadata and valid until the next setup or destroy. */
+const char *ces_metadata_schema_quoted(const ces_metadata_t *metadata);  /* "ces2pg" */
+const char *ces_metadata_tombstones(const ces_metadata_t *metadata);     /* "ces2pg".tombstones */
+const char *ces_metadata_version_quoted(const ces_metadata_t *metadata); /* "_ces_lsn" */
+/* INSERT INTO <schema>.dead_letters with parameters $1 topic, $2 partition, $3 offset, $4 reason,
+ * $5 logicalid, $6 payload (binary). */
+const char *ces_metadata_dead_letter_sql(const ces_metadata_t *metadata);
+
+#endif

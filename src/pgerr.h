@@ -1,0 +1,96 @@
+/*
+ * pgerr: what a PostgreSQL error means for ces2pg, and the record of the first error of an attempt.
+ *
+ * SQLSTATEs carry PostgreSQL's own names (errcodes.txt, as pgbench.c spells them), so that no code
+ * outside this header is a bare literal. Classifying one is pure: it needs the SQLSTATE and whether
+ * the connection still works, no server. The classes decide what the apply room does next: retry
+ * with backoff, dead-letter one change, reload a table, give up (the failure semantics are in
+ * docs/semantics.md).
+ */
+#ifndef CES_PGERR_H
+#define CES_PGERR_H
+
+#include <libpq-fe.h>
+#include <stdbool.h>
+
+/* Single SQLSTATEs. */
+#define ERRCODE_T_R_SERIALIZATION_FAILURE "40001"
+#define ERRCODE_T_R_DEADLOCK_DETECTED "40P01"
+#define ERRCODE_LOCK_NOT_AVAILABLE "55P03"
+#define ERRCODE_ADMIN_SHUTDOWN "57P01"
+#define ERRCODE_CRASH_SHUTDOWN "57P02"
+#define ERRCODE_CANNOT_CONNECT_NOW "57P03"
+#define ERRCODE_QUERY_CANCELED "57014"
+#define ERRCODE_DIVISION_BY_ZERO "22012"
+#define ERRCODE_UNIQUE_VIOLATION "23505"
+#define ERRCODE_CARDINALITY_VIOLATION "21000"
+#define ERRCODE_UNDEFINED_TABLE "42P01"
+#define ERRCODE_UNDEFINED_COLUMN "42703"
+#define ERRCODE_DUPLICATE_TABLE "42P07"
+#define ERRCODE_DUPLICATE_SCHEMA "42P06"
+#define ERRCODE_DUPLICATE_COLUMN "42701"
+#define ERRCODE_DUPLICATE_OBJECT "42710"
+
+/* SQLSTATE classes: the first two characters, shared by every code of the class. */
+#define ERRCODE_CLASS_CONNECTION_EXCEPTION "08"
+#define ERRCODE_CLASS_DATA_EXCEPTION "22"
+#define ERRCODE_CLASS_INTEGRITY_CONSTRAINT_VIOLATION "23"
+#define ERRCODE_CLASS_INSUFFICIENT_RESOURCES "53"
+#define ERRCODE_CLASS_PROGRAM_LIMIT_EXCEEDED "54"
+
+/* What went wrong in one attempt, and what to do about it. */
+typedef enum {
+    CES_PGERR_NONE = 0,
+    CES_PGERR_RETRY, /* transient: roll back, back off, try again */
+    CES_PGERR_DATA,  /* bad data in one change: dead-letter it (failed_item) */
+    CES_PGERR_STALE, /* the table changed underneath: forget cached tables, try again */
+    CES_PGERR_FENCED, /* another instance moved a stored position: give the batch up */
+    CES_PGERR_FATAL,  /* cannot go on */
+    CES_PGERR_BULK,   /* a bulk statement hit bad data: retry the batch row by row to find it */
+    CES_PGERR_INSERT_TAKEN, /* a plain INSERT found its key taken: retry the batch with upserts */
+} ces_pgerr_class_t;
+
+struct ces_catalog_table_s; /* catalog.h */
+
+/* The first error of an attempt. Initialise with CES_PGERR_INIT. */
+typedef struct ces_pgerr_s {
+    ces_pgerr_class_t cls;
+    long failed_item; /* index into the batch, or -1 */
+    bool in_commit;   /* the failure hit COMMIT: the outcome is unknown */
+    char sqlstate[6]; /* "" when PostgreSQL gave none */
+    char message[512];
+    struct ces_catalog_table_s *taken; /* CES_PGERR_INSERT_TAKEN: reference to the table of the
+                                        * plain INSERT (owned by the catalog) */
+} ces_pgerr_t;
+
+#define CES_PGERR_INIT {.failed_item = -1}
+
+/* Records an error unless e already holds one: later errors are consequences of the first. The
+ * message is cut to fit and loses trailing newlines and spaces. sqlstate may be NULL. */
+void ces_pgerr_set(ces_pgerr_t *e, ces_pgerr_class_t cls, long item, const char *sqlstate,
+                   const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+
+/* Records the error of res (NULL: of conn, e.g. a lost connection), classified. */
+void ces_pgerr_from_result(ces_pgerr_t *e, const PGconn *conn, const PGresult *res, long item);
+
+/* Forgets the error: e is as CES_PGERR_INIT made it. */
+void ces_pgerr_clear(ces_pgerr_t *e);
+
+/* The class of a failed statement's SQLSTATE (NULL or "" when the server sent none). Without a
+ * working connection, or without a SQLSTATE, every failure is worth a retry. */
+ces_pgerr_class_t ces_pgerr_classify(const char *sqlstate, bool connection_ok);
+
+/* The class of a failed connection attempt, from libpq's message: a refused or unreachable server
+ * is worth retrying (CES_PGERR_RETRY), a rejected login or a missing database is not
+ * (CES_PGERR_FATAL). */
+ces_pgerr_class_t ces_pgerr_classify_connect_failure(const char *message);
+
+/* True for the SQLSTATEs a session gets when another one ran the same idempotent DDL at the same
+ * moment (IF NOT EXISTS does not stop two from trying): the DDL is done, by the other session. */
+bool ces_pgerr_is_ddl_race(const char *sqlstate);
+
+/* Errors of one change's data (or a plain INSERT's taken key): in a stream, only the step is
+ * undone and sent again; the transaction goes on. */
+bool ces_pgerr_undoes_only_the_step(ces_pgerr_class_t cls);
+
+#endif

@@ -1,0 +1,240 @@
+/* What PostgreSQL's errors mean for ces2pg: SQLSTATE classes, failed connections, DDL races. */
+#include "test_util.h"
+
+#include "pgerr.h"
+
+typedef struct {
+    const char *sqlstate;
+    ces_pgerr_class_t cls;
+} verdict_t;
+
+/* With a working connection: every code and class ces2pg retries, the data classes, the stale
+ * codes, and a sample of what is fatal. */
+static const verdict_t table[] = {
+    /* class 08, connection exception */
+    {"08000", CES_PGERR_RETRY},
+    {"08003", CES_PGERR_RETRY},
+    {"08006", CES_PGERR_RETRY},
+    {"08001", CES_PGERR_RETRY},
+    {"08004", CES_PGERR_RETRY},
+    {"08P01", CES_PGERR_RETRY},
+    /* class 53, insufficient resources */
+    {"53000", CES_PGERR_RETRY},
+    {"53100", CES_PGERR_RETRY},
+    {"53200", CES_PGERR_RETRY},
+    {"53300", CES_PGERR_RETRY},
+    {"53400", CES_PGERR_RETRY},
+    /* single codes */
+    {"57P01", CES_PGERR_RETRY}, /* admin_shutdown */
+    {"57P02", CES_PGERR_RETRY}, /* crash_shutdown */
+    {"57P03", CES_PGERR_RETRY}, /* cannot_connect_now */
+    {"57014", CES_PGERR_RETRY}, /* query_canceled */
+    {"40001", CES_PGERR_RETRY}, /* serialization_failure */
+    {"40P01", CES_PGERR_RETRY}, /* deadlock_detected */
+    {"55P03", CES_PGERR_RETRY}, /* lock_not_available */
+    /* class 22, data exception */
+    {"22000", CES_PGERR_DATA},
+    {"22001", CES_PGERR_DATA},
+    {"22003", CES_PGERR_DATA},
+    {"22007", CES_PGERR_DATA},
+    {"22012", CES_PGERR_DATA}, /* a division by zero that is not the fence's */
+    {"22021", CES_PGERR_DATA},
+    {"22P02", CES_PGERR_DATA},
+    /* class 23, integrity constraint violation */
+    {"23000", CES_PGERR_DATA},
+    {"23502", CES_PGERR_DATA},
+    {"23503", CES_PGERR_DATA},
+    {"23505", CES_PGERR_DATA},
+    {"23514", CES_PGERR_DATA},
+    /* class 54, program limit exceeded */
+    {"54000", CES_PGERR_DATA},
+    {"54001", CES_PGERR_DATA},
+    {"54011", CES_PGERR_DATA},
+    /* stale descriptions */
+    {"42P01", CES_PGERR_STALE}, /* undefined_table */
+    {"42703", CES_PGERR_STALE}, /* undefined_column */
+    /* everything else */
+    {"42501", CES_PGERR_FATAL}, /* insufficient_privilege */
+    {"28P01", CES_PGERR_FATAL}, /* invalid_password */
+    {"3D000", CES_PGERR_FATAL}, /* invalid_catalog_name */
+    {"42601", CES_PGERR_FATAL}, /* syntax_error */
+    {"42P07", CES_PGERR_FATAL}, /* duplicate_table (a race only for idempotent DDL) */
+    {"40002", CES_PGERR_FATAL}, /* class 40 is not retried as a whole */
+    {"40003", CES_PGERR_FATAL},
+    {"55000", CES_PGERR_FATAL}, /* class 55 neither */
+    {"57000", CES_PGERR_FATAL}, /* nor class 57 */
+    {"25P02", CES_PGERR_FATAL},
+    {"0A000", CES_PGERR_FATAL},
+    {"XX000", CES_PGERR_FATAL},
+    {"21000", CES_PGERR_FATAL}, /* cardinality_violation: the sender makes a bulk one BULK */
+};
+
+static void classification_table(void **state) {
+    (void)state;
+    for (size_t i = 0; i < sizeof(table) / sizeof(table[0]); i++) {
+        ces_pgerr_class_t got = ces_pgerr_classify(table[i].sqlstate, true);
+        if (got != table[i].cls)
+            fail_msg("SQLSTATE %s: class %d, expected %d", table[i].sqlstate, (int)got,
+                     (int)table[i].cls);
+    }
+}
+
+/* Without a working connection the statement's fate is unknown: retry, whatever the code. */
+static void lost_connection_is_retry(void **state) {
+    (void)state;
+    for (size_t i = 0; i < sizeof(table) / sizeof(table[0]); i++)
+        assert_int_equal(ces_pgerr_classify(table[i].sqlstate, false), CES_PGERR_RETRY);
+    assert_int_equal(ces_pgerr_classify(NULL, false), CES_PGERR_RETRY);
+}
+
+/* libpq's own failures (a broken socket, out of memory) carry no SQLSTATE. */
+static void no_sqlstate_is_retry(void **state) {
+    (void)state;
+    assert_int_equal(ces_pgerr_classify("", true), CES_PGERR_RETRY);
+    assert_int_equal(ces_pgerr_classify(NULL, true), CES_PGERR_RETRY);
+}
+
+/* The names are PostgreSQL's, and say what they mean. */
+static void names_match_errcodes(void **state) {
+    (void)state;
+    assert_string_equal(ERRCODE_T_R_SERIALIZATION_FAILURE, "40001");
+    assert_string_equal(ERRCODE_T_R_DEADLOCK_DETECTED, "40P01");
+    assert_string_equal(ERRCODE_LOCK_NOT_AVAILABLE, "55P03");
+    assert_string_equal(ERRCODE_ADMIN_SHUTDOWN, "57P01");
+    assert_string_equal(ERRCODE_CRASH_SHUTDOWN, "57P02");
+    assert_string_equal(ERRCODE_CANNOT_CONNECT_NOW, "57P03");
+    assert_string_equal(ERRCODE_QUERY_CANCELED, "57014");
+    assert_string_equal(ERRCODE_DIVISION_BY_ZERO, "22012");
+    assert_string_equal(ERRCODE_UNIQUE_VIOLATION, "23505");
+    assert_string_equal(ERRCODE_CARDINALITY_VIOLATION, "21000");
+    assert_string_equal(ERRCODE_UNDEFINED_TABLE, "42P01");
+    assert_string_equal(ERRCODE_UNDEFINED_COLUMN, "42703");
+    assert_string_equal(ERRCODE_DUPLICATE_TABLE, "42P07");
+    assert_string_equal(ERRCODE_DUPLICATE_SCHEMA, "42P06");
+    assert_string_equal(ERRCODE_DUPLICATE_COLUMN, "42701");
+    assert_string_equal(ERRCODE_DUPLICATE_OBJECT, "42710");
+    assert_string_equal(ERRCODE_CLASS_CONNECTION_EXCEPTION, "08");
+    assert_string_equal(ERRCODE_CLASS_DATA_EXCEPTION, "22");
+    assert_string_equal(ERRCODE_CLASS_INTEGRITY_CONSTRAINT_VIOLATION, "23");
+    assert_string_equal(ERRCODE_CLASS_INSUFFICIENT_RESOURCES, "53");
+    assert_string_equal(ERRCODE_CLASS_PROGRAM_LIMIT_EXCEEDED, "54");
+}
+
+/* A server that is not there (yet) is retried; a login or configuration it refuses is not. */
+static void connect_failures(void **state) {
+    (void)state;
+    static const struct {
+        const char *message;
+        ces_pgerr_class_t cls;
+    } cases[] = {
+        {"connection to server on socket \"/run/postgresql/.s.PGSQL.5432\" failed: No such file "
+         "or directory\n\tIs the server running locally and accepting connections on that "
+         "socket?\n",
+         CES_PGERR_RETRY},
+        {"connection to server at \"db\" (10.0.0.7), port 5432 failed: Connection refused\n",
+         CES_PGERR_RETRY},
+        {"connection to server at \"db\" (10.0.0.7), port 5432 failed: timeout expired\n",
+         CES_PGERR_RETRY},
+        {"connection to server at \"db\", port 5432 failed: FATAL:  the database system is "
+         "starting up\n",
+         CES_PGERR_RETRY},
+        {"could not translate host name \"db\" to address: Temporary failure in name "
+         "resolution\n",
+         CES_PGERR_RETRY},
+        {"connection to server at \"db\", port 5432 failed: FATAL:  password authentication "
+         "failed for user \"ces\"\n",
+         CES_PGERR_FATAL},
+        {"FATAL:  database \"nope\" does not exist\n", CES_PGERR_FATAL},
+        {"FATAL:  role \"nobody\" does not exist\n", CES_PGERR_FATAL},
+        {"FATAL:  no pg_hba.conf entry for host \"10.0.0.8\", user \"ces\", database \"x\"\n",
+         CES_PGERR_FATAL},
+        {"FATAL:  SCRAM authentication failed\n", CES_PGERR_FATAL},
+        {"FATAL:  permission denied for database \"x\"\n", CES_PGERR_FATAL},
+        {"invalid connection option \"colour\"\n", CES_PGERR_FATAL},
+        {"missing \"=\" after \"nonsense\" in connection info string\n", CES_PGERR_FATAL},
+        {"invalid sslmode value: \"sometimes\"\n", CES_PGERR_FATAL},
+        {"connection to server at \"db\", port 5432 failed: SSL error: certificate verify "
+         "failed\n",
+         CES_PGERR_FATAL},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        ces_pgerr_class_t got = ces_pgerr_classify_connect_failure(cases[i].message);
+        if (got != cases[i].cls)
+            fail_msg("\"%s\": class %d, expected %d", cases[i].message, (int)got,
+                     (int)cases[i].cls);
+    }
+}
+
+/* What another session running the same IF NOT EXISTS DDL at the same moment makes us see. */
+static void ddl_race_set(void **state) {
+    (void)state;
+    static const char *const raced[] = {"23505", "42P07", "42P06", "42701", "42710"};
+    for (size_t i = 0; i < sizeof(raced) / sizeof(raced[0]); i++)
+        assert_true(ces_pgerr_is_ddl_race(raced[i]));
+    static const char *const not_raced[] = {"42P01", "42703", "23502", "42501", "40P01", "", "2350",
+                                            "235050"};
+    for (size_t i = 0; i < sizeof(not_raced) / sizeof(not_raced[0]); i++) {
+        if (ces_pgerr_is_ddl_race(not_raced[i]))
+            fail_msg("\"%s\" taken for a DDL race", not_raced[i]);
+    }
+    assert_false(ces_pgerr_is_ddl_race(NULL));
+}
+
+static void only_data_errors_undo_only_the_step(void **state) {
+    (void)state;
+    assert_true(ces_pgerr_undoes_only_the_step(CES_PGERR_DATA));
+    assert_true(ces_pgerr_undoes_only_the_step(CES_PGERR_BULK));
+    assert_true(ces_pgerr_undoes_only_the_step(CES_PGERR_INSERT_TAKEN));
+    assert_false(ces_pgerr_undoes_only_the_step(CES_PGERR_NONE));
+    assert_false(ces_pgerr_undoes_only_the_step(CES_PGERR_RETRY));
+    assert_false(ces_pgerr_undoes_only_the_step(CES_PGERR_STALE));
+    assert_false(ces_pgerr_undoes_only_the_step(CES_PGERR_FENCED));
+    assert_false(ces_pgerr_undoes_only_the_step(CES_PGERR_FATAL));
+}
+
+/* The first error is kept (later ones are its consequences); the message loses libpq's newline. */
+static void record_keeps_the_first_error(void **state) {
+    (void)state;
+    ces_pgerr_t e = CES_PGERR_INIT;
+    assert_int_equal(e.cls, CES_PGERR_NONE);
+    assert_int_equal(e.failed_item, -1);
+    ces_pgerr_set(&e, CES_PGERR_DATA, 7, "22P02", "invalid input syntax for type %s \n", "integer");
+    ces_pgerr_set(&e, CES_PGERR_RETRY, -1, NULL, "current transaction is aborted");
+    assert_int_equal(e.cls, CES_PGERR_DATA);
+    assert_int_equal(e.failed_item, 7);
+    assert_string_equal(e.sqlstate, "22P02");
+    assert_string_equal(e.message, "invalid input syntax for type integer");
+    ces_pgerr_clear(&e);
+    assert_int_equal(e.cls, CES_PGERR_NONE);
+    assert_int_equal(e.failed_item, -1);
+    ces_pgerr_set(&e, CES_PGERR_FATAL, -1, NULL, "out of memory");
+    assert_string_equal(e.sqlstate, "");
+}
+
+/* Without a result, the error is the connection's: a connection that never opened is retried. */
+static void error_of_a_failed_connection(void **state) {
+    (void)state;
+    PGconn *conn = PQconnectdb("host=/nonexistent/ces2pg-test-socket-dir port=1");
+    assert_non_null(conn);
+    assert_int_not_equal(PQstatus(conn), CONNECTION_OK);
+    ces_pgerr_t e = CES_PGERR_INIT;
+    ces_pgerr_from_result(&e, conn, NULL, 3);
+    assert_int_equal(e.cls, CES_PGERR_RETRY);
+    assert_int_equal(e.failed_item, 3);
+    assert_string_equal(e.sqlstate, "");
+    assert_non_null(strstr(e.message, "/nonexistent/ces2pg-test-socket-dir"));
+    PQfinish(conn);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {cmocka_unit_test(classification_table),
+                                       cmocka_unit_test(lost_connection_is_retry),
+                                       cmocka_unit_test(no_sqlstate_is_retry),
+                                       cmocka_unit_test(names_match_errcodes),
+                                       cmocka_unit_test(connect_failures),
+                                       cmocka_unit_test(ddl_race_set),
+                                       cmocka_unit_test(only_data_errors_undo_only_the_step),
+                                       cmocka_unit_test(record_keeps_the_first_error),
+                                       cmocka_unit_test(error_of_a_failed_connection)};
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
