@@ -173,7 +173,7 @@ static int prepare_tables(ces_apply_t *a, ces_batch_t *batch, ces_catalog_table_
         tables[i] = NULL;
         if (item->kind != CES_ITEM_EVENT)
             continue;
-        const char *reject = NULL;
+        ces_reject_t reject = {0};
         tables[i] = ces_catalog_ensure(a->catalog, a->session,
                                        ces_metadata_version_quoted(a->metadata), &item->event,
                                        &reject, e);
@@ -185,7 +185,7 @@ static int prepare_tables(ces_apply_t *a, ces_batch_t *batch, ces_catalog_table_
             snprintf(reason, sizeof(reason), "creating or extending the target table failed: %s",
                      e->message);
             ces_pgerr_clear(e);
-            if (ces_batch_item_reject(item, reason) != 0) {
+            if (ces_batch_item_reject(item, CES_DL_SCHEMA, reason) != 0) {
                 ces_pgerr_set(e, CES_PGERR_FATAL, -1, NULL, "out of memory");
                 return -1;
             }
@@ -193,7 +193,9 @@ static int prepare_tables(ces_apply_t *a, ces_batch_t *batch, ces_catalog_table_
         }
         if (e->cls != CES_PGERR_NONE)
             return -1;
-        if (ces_batch_item_reject(item, reject ? reject : "the target table is unusable") != 0) {
+        if (reject.reason == NULL)
+            reject = (ces_reject_t){CES_DL_SCHEMA, "the target table is unusable"};
+        if (ces_batch_item_reject(item, reject.cls, reject.reason) != 0) {
             ces_pgerr_set(e, CES_PGERR_FATAL, -1, NULL, "out of memory");
             return -1;
         }
@@ -244,10 +246,10 @@ static int attempt_send(ces_apply_t *a, attempt_t *at) {
     for (size_t i = 0; i < batch->count; i++) {
         ces_item_t *item = &batch->items[i];
         if (item->kind == CES_ITEM_EVENT) {
-            const char *reject = NULL;
+            ces_reject_t reject = {0};
             if (ces_sender_event(s, (long)i, item, at->tables[i], &reject) != 0)
                 return -1;
-            if (reject != NULL && ces_batch_item_reject(item, reject) != 0) {
+            if (reject.reason != NULL && ces_batch_item_reject(item, reject.cls, reject.reason) != 0) {
                 ces_pgerr_set(e, CES_PGERR_FATAL, -1, NULL, "out of memory");
                 return -1;
             }
@@ -361,7 +363,7 @@ static bool reject_failed_item(ces_batch_t *batch, const ces_pgerr_t *e, char *e
         ces_log_warning("%s.%s.%s %s at %s[%d]@%lld: %s", item->event.db, item->event.schema,
                         item->event.table, ces_op_name(item->event.op), item->source.topic,
                         (int)item->source.partition, (long long)item->source.offset, reason);
-        if (ces_batch_item_reject(item, reason) != 0) {
+        if (ces_batch_item_reject(item, CES_DL_REJECTED_BY_POSTGRES, reason) != 0) {
             snprintf(errstr, errstr_size, "out of memory");
             *status = CES_APPLY_FATAL;
             return false;

@@ -46,13 +46,21 @@ int ces_batch_set_offset(ces_batch_t *batch, const ces_offset_update_t *update) 
     return 0;
 }
 
-int ces_batch_item_reject(ces_item_t *item, const char *reason) {
+const char *ces_dl_class_name(ces_dl_class_t cls) {
+    static const char *const names[CES_DL_NCLASSES] = {
+        "decode",           "no_primary_key", "rejected_by_postgres", "segment_timeout",
+        "reassembly_limit", "type_conflict",  "schema"};
+    return (unsigned)cls < CES_DL_NCLASSES ? names[cls] : "unknown";
+}
+
+int ces_batch_item_reject(ces_item_t *item, ces_dl_class_t cls, const char *reason) {
     const char *copy = ces_arena_strndup(item->arena, reason, strlen(reason));
     if (copy == NULL)
         return -1;
     if (item->logicalid == NULL)
         item->logicalid = item->event.logicalid;
     item->kind = CES_ITEM_DEAD_LETTER;
+    item->dl_class = cls;
     item->reason = copy;
     return 0;
 }

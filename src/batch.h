@@ -20,6 +20,30 @@ typedef enum {
     CES_ITEM_DEAD_LETTER,
 } ces_item_kind_t;
 
+/* Why a record or event became a dead letter. It is set where the dead letter is made, and
+ * /metrics counts by it (ces2pg_dead_letters_total{reason}); the reason text is for people. */
+typedef enum {
+    CES_DL_DECODE,               /* the record (or the joined segments) could not be decoded */
+    CES_DL_NO_PRIMARY_KEY,       /* the target table has no primary key */
+    CES_DL_REJECTED_BY_POSTGRES, /* PostgreSQL rejected the values (SQLSTATE 22, 23, 54) */
+    CES_DL_SEGMENT_TIMEOUT,      /* a segment group never completed (timeout, end of input) */
+    CES_DL_REASSEMBLY_LIMIT,     /* a segment group broke reassembly.max_* */
+    CES_DL_TYPE_CONFLICT,        /* a source column's type changed beyond its target column */
+    CES_DL_SCHEMA,               /* the target table is missing, lacks a column or a key value */
+    CES_DL_NCLASSES
+} ces_dl_class_t;
+
+/* The class's label value: "decode", "no_primary_key", ... */
+const char *ces_dl_class_name(ces_dl_class_t cls);
+
+/* Why an event cannot be applied, as the apply room finds out: the class and the reason of the
+ * dead letter it becomes. reason NULL: nothing wrong. reason is a static string or one its finder
+ * keeps until the batch is applied. */
+typedef struct {
+    ces_dl_class_t cls;
+    const char *reason;
+} ces_reject_t;
+
 /* Where a record came from: a Kafka position, or a replay file and line. */
 typedef struct {
     const char *topic; /* reference to a string that outlives the batch */
@@ -32,6 +56,7 @@ typedef struct {
     ces_source_t source;
     ces_event_t event;   /* CES_ITEM_EVENT: points into arena */
     const char *reason;  /* CES_ITEM_DEAD_LETTER: why; points into arena */
+    ces_dl_class_t dl_class; /* CES_ITEM_DEAD_LETTER: the class of reason */
     const char *logicalid; /* may be NULL */
     const void *raw;     /* the record's bytes, kept for a dead letter */
     size_t raw_len;
@@ -68,8 +93,9 @@ int ces_batch_push(ces_batch_t *batch, const ces_item_t *item);
 /* Appends or replaces the stored position for (topic, partition). Returns 0, or -1 (no memory). */
 int ces_batch_set_offset(ces_batch_t *batch, const ces_offset_update_t *update);
 
-/* Turns an event item into a dead letter with a copy of reason. Returns 0, or -1 (no memory). */
-int ces_batch_item_reject(ces_item_t *item, const char *reason);
+/* Turns an event item into a dead letter of class cls with a copy of reason. Returns 0, or -1 (no
+ * memory). */
+int ces_batch_item_reject(ces_item_t *item, ces_dl_class_t cls, const char *reason);
 
 /* Frees every item's arena and empties the batch. */
 void ces_batch_clear(ces_batch_t *batch);

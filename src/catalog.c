@@ -184,7 +184,18 @@ bool ces_catalog_type_conflicts(const char *target_cast, const char *source_type
     char mapped[64];
     ces_types_map(source_type, mapped, sizeof(mapped));
     const char *dot = strrchr(target_cast, '.');
-    return !ces_types_compatible(dot ? dot + 1 : target_cast, mapped);
+    const char *typname = dot ? dot + 1 : target_cast;
+    /* format('%I') quotes type names that are keywords: pg_catalog."numeric", "varchar", "time",
+     * "timestamp". A quoted name with a quote inside is no built-in type: it stays as it is. */
+    char unquoted[64];
+    size_t len = strlen(typname);
+    if (len >= 2 && len < sizeof(unquoted) && typname[0] == '"' && typname[len - 1] == '"' &&
+        memchr(typname + 1, '"', len - 2) == NULL) {
+        memcpy(unquoted, typname + 1, len - 2);
+        unquoted[len - 2] = '\0';
+        typname = unquoted;
+    }
+    return !ces_types_compatible(typname, mapped);
 }
 
 uint64_t ces_catalog_upsert_attempts(unsigned taken_before) {
@@ -519,7 +530,11 @@ static int table_adopt(ces_session_t *session, const char *version_quoted,
     ces_strbuf_add(&sql, version_quoted);
     ces_strbuf_add(&sql, " numeric");
     ces_log_info("table %s: adding the version column %s", t->desc.qualified, version_quoted);
-    int rc = sql.failed ? -1 : ces_session_exec_ddl(session, sql.buf, e);
+    int rc = -1;
+    if (sql.failed)
+        ces_pgerr_set(e, CES_PGERR_FATAL, -1, NULL, "out of memory");
+    else
+        rc = ces_session_exec_ddl(session, sql.buf, e);
     ces_strbuf_free(&sql);
     return rc;
 }
@@ -573,7 +588,7 @@ static uintptr_t column_verdict(ces_catalog_t *cat, ces_catalog_table_t *t, cons
  * (column, type) and per column list.
  */
 static bool type_conflict(ces_catalog_t *cat, ces_catalog_table_t *t, const ces_event_t *ev,
-                          const char **reject) {
+                          ces_reject_t *reject) {
     uint64_t h = column_list_hash(ev);
     char list_key[1 + sizeof(h)] = {'L'};
     memcpy(list_key + 1, &h, sizeof(h));
@@ -589,7 +604,7 @@ static bool type_conflict(ces_catalog_t *cat, ces_catalog_table_t *t, const ces_
                      "type conflict: source column '%.128s' is %.40s, which its target column "
                      "cannot hold (columns are never retyped)",
                      c->name, c->type);
-            *reject = t->reject_reason;
+            *reject = (ces_reject_t){CES_DL_TYPE_CONFLICT, t->reject_reason};
             return true;
         }
     }
@@ -648,19 +663,20 @@ static ces_catalog_table_t *table_new(ces_catalog_t *cat, const ces_session_t *s
 }
 
 /* The event is refused: its table has no primary key (warned once per table). */
-static void reject_no_pk(ces_catalog_table_t *t, const ces_event_t *ev, const char **reject) {
+static void reject_no_pk(ces_catalog_table_t *t, const ces_event_t *ev, ces_reject_t *reject) {
     if (!t->warned_no_pk) {
         ces_log_warning("table %s.%s.%s has no primary key: its events go to the dead-letter table",
                         ev->db, ev->schema, ev->table);
         t->warned_no_pk = true;
     }
-    *reject = "table has no primary key (ces2pg applies changes by primary key)";
+    *reject = (ces_reject_t){CES_DL_NO_PRIMARY_KEY,
+                             "table has no primary key (ces2pg applies changes by primary key)"};
 }
 
 /* Reads t from pg_catalog the first time it is needed, creating it when it does not exist and
  * adopting it when it lacks the version column. Returns 0, or -1 with e or *reject set. */
 static int table_first_load(ces_catalog_t *cat, ces_session_t *session, const char *version_quoted,
-                            ces_catalog_table_t *t, const ces_event_t *ev, const char **reject,
+                            ces_catalog_table_t *t, const ces_event_t *ev, ces_reject_t *reject,
                             ces_pgerr_t *e) {
     int exists = table_load(cat, session, t, e);
     if (exists < 0)
@@ -671,7 +687,8 @@ static int table_first_load(ces_catalog_t *cat, ces_session_t *session, const ch
             return -1;
         }
         if (!cat->auto_create) {
-            *reject = "target table does not exist and schema.auto_create is off";
+            *reject = (ces_reject_t){CES_DL_SCHEMA,
+                                     "target table does not exist and schema.auto_create is off"};
             return -1;
         }
         if (table_create(cat, session, version_quoted, t, ev, e) != 0)
@@ -694,7 +711,7 @@ static int table_first_load(ces_catalog_t *cat, ces_session_t *session, const ch
  * Returns 0, or -1 with e or *reject set. */
 static int table_add_missing(const ces_catalog_t *cat, ces_session_t *session,
                              ces_catalog_table_t *t, const ces_event_t *ev, bool fresh,
-                             const char **reject, ces_pgerr_t *e) {
+                             ces_reject_t *reject, ces_pgerr_t *e) {
     const char **missing;
     size_t nmissing;
     if (ces_catalog_missing_columns(&t->desc, cat->preserve_case, ev, &missing, &nmissing) != 0) {
@@ -703,7 +720,8 @@ static int table_add_missing(const ces_catalog_t *cat, ces_session_t *session,
     }
     if (nmissing > 0 && !cat->auto_evolve) {
         free(missing);
-        *reject = "the event has columns the target table lacks and schema.auto_evolve is off";
+        *reject = (ces_reject_t){CES_DL_SCHEMA, "the event has columns the target table lacks "
+                                                "and schema.auto_evolve is off"};
         return -1;
     }
     int rc = nmissing == 0 || fresh ? 0 : table_load(cat, session, t, e); /* someone else may
@@ -721,15 +739,16 @@ static int table_add_missing(const ces_catalog_t *cat, ces_session_t *session,
     }
     for (size_t i = 0; rc >= 0 && i < nmissing; i++) {
         if (ces_catalog_resolve_column(t, missing[i]) < 0)
-            *reject = "a column of the event could not be added to the target table";
+            *reject = (ces_reject_t){CES_DL_SCHEMA,
+                                     "a column of the event could not be added to the target table"};
     }
     free(missing);
-    return rc < 0 || *reject != NULL ? -1 : 0;
+    return rc < 0 || reject->reason != NULL ? -1 : 0;
 }
 
 ces_catalog_table_t *ces_catalog_ensure(ces_catalog_t *cat, ces_session_t *session,
                                         const char *version_quoted, const ces_event_t *ev,
-                                        const char **reject, ces_pgerr_t *e) {
+                                        ces_reject_t *reject, ces_pgerr_t *e) {
     /* Names are bounded by the decoder, so the key is never cut. */
     char key[3 * (CES_DECODE_MAX_NAME_BYTES + 1)];
     const char *parts[] = {ev->db, ev->schema, ev->table};

@@ -19,6 +19,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "batch.h"
 #include "event.h"
 #include "types.h"
 
@@ -86,7 +87,7 @@ void ces_catalog_forget(ces_catalog_t *catalog);
  */
 ces_catalog_table_t *ces_catalog_ensure(ces_catalog_t *catalog, ces_session_t *session,
                                         const char *version_quoted, const ces_event_t *ev,
-                                        const char **reject, ces_pgerr_t *e)
+                                        ces_reject_t *reject, ces_pgerr_t *e)
     __attribute__((warn_unused_result));
 
 /* The table's description (a reference into table). */

@@ -51,11 +51,13 @@ void ces_intake_drop(ces_pipeline_t *p) {
 }
 
 /* Adds a dead-letter item; takes arena. */
-static int add_dead_letter(ces_pipeline_t *p, const ces_source_t *source, const char *reason,
+static int add_dead_letter(ces_pipeline_t *p, const ces_source_t *source, ces_dl_class_t cls,
+                           const char *reason,
                            const char *logicalid, const void *raw, size_t raw_len,
                            ces_arena_t *arena) {
     ces_item_t item = {
         .kind = CES_ITEM_DEAD_LETTER,
+        .dl_class = cls,
         .source = *source,
         .arena = arena,
         .raw = raw,
@@ -156,11 +158,12 @@ static bool is_whole(const ces_envelope_t *env) {
 }
 
 /* Dead-letters every segment of a group that cannot be applied; takes the group. */
-static int give_up_group(ces_pipeline_t *p, ces_reasm_group_t *g, const char *reason) {
+static int give_up_group(ces_pipeline_t *p, ces_reasm_group_t *g, ces_dl_class_t cls,
+                         const char *reason) {
     int rc = 0;
     for (size_t i = 0; i < g->count; i++) {
         ces_segment_t *s = &g->segments[i];
-        if (add_dead_letter(p, &s->source, reason, g->logicalid, s->raw, s->raw_len,
+        if (add_dead_letter(p, &s->source, cls, reason, g->logicalid, s->raw, s->raw_len,
                             s->arena) != 0)
             rc = -1;
     }
@@ -202,7 +205,7 @@ static int add_joined(ces_pipeline_t *p, ces_reasm_group_t *g, char *errstr, siz
         }
         char why[600];
         snprintf(why, sizeof(why), "joined segments: %s", reason);
-        return give_up_group(p, g, why);
+        return give_up_group(p, g, CES_DL_DECODE, why);
     }
     /* The event stands for every segment: each one's partition must not store a position past it
      * until the event is applied. */
@@ -231,7 +234,8 @@ static ces_pipeline_status_t handle_reasm(ces_pipeline_t *p, ces_reasm_status_t 
     case CES_REASM_COMPLETE:
         return add_joined(p, g, errstr, errstr_size) == 0 ? CES_PIPELINE_OK : CES_PIPELINE_FATAL;
     case CES_REASM_GIVEN_UP:
-        return give_up_group(p, g, reason) == 0 ? CES_PIPELINE_OK : CES_PIPELINE_FATAL;
+        return give_up_group(p, g, CES_DL_REASSEMBLY_LIMIT, reason) == 0 ? CES_PIPELINE_OK
+                                                                          : CES_PIPELINE_FATAL;
     case CES_REASM_DUPLICATE:
         p->stats.duplicates++;
         return CES_PIPELINE_OK;
@@ -274,6 +278,40 @@ static void prepare(void *worker, void *job, size_t item) {
                                                 sizeof(s->reason));
 }
 
+/* A record that cannot be decoded: a dead letter with its bytes. Takes arena. */
+static ces_pipeline_status_t undecodable(ces_pipeline_t *p, const ces_source_t *source,
+                                         const char *reason, const char *logicalid,
+                                         const void *raw, size_t len, ces_arena_t *arena,
+                                         char *errstr, size_t errstr_size) {
+    if (add_dead_letter(p, source, CES_DL_DECODE, reason, logicalid, raw, len, arena) == 0)
+        return CES_PIPELINE_OK;
+    snprintf(errstr, errstr_size, "out of memory");
+    return CES_PIPELINE_FATAL;
+}
+
+/* A whole event decoded in s: it is held (or batched) as a compact copy of itself and its record,
+ * and arena, emptied, decodes a later record. Takes arena in every case. Returns 0 or -1. */
+static int add_whole_event(ces_pipeline_t *p, const ces_source_t *source, staged_t *s,
+                           ces_arena_t *arena) {
+    /* The decoding arena, JSON trees included, is several times their size. (Made here, not by
+     * the decoding thread: memory is then allocated and freed by this thread alone.) */
+    size_t len = s->rec.len;
+    ces_arena_t *compact = ces_arena_new_sized(ces_event_copy_size(&s->event) + len + 16 + 64);
+    ces_event_t held;
+    const void *held_raw = compact ? ces_arena_strndup(compact, s->raw, len) : NULL;
+    if (held_raw == NULL || ces_event_copy(&s->event, compact, &held) != 0) {
+        ces_arena_destroy(compact);
+        ces_arena_destroy(arena);
+        return -1;
+    }
+    ces_arena_reset(arena);
+    if (p->nspares < STAGE_RECORDS)
+        p->spares[p->nspares++] = arena;
+    else
+        ces_arena_destroy(arena);
+    return add_event(p, source, &held, held_raw, len, compact, NULL, 0);
+}
+
 /* Takes in a prepared record, in order, on the loop's thread. */
 static ces_pipeline_status_t take_record(ces_pipeline_t *p, staged_t *s, int64_t now_ms,
                                          char *errstr, size_t errstr_size) {
@@ -303,30 +341,12 @@ static ces_pipeline_status_t take_record(ces_pipeline_t *p, staged_t *s, int64_t
     ces_envelope_t env = s->env;
     if (s->envelope_status == CES_DECODE_NOMEM)
         goto nomem;
-    if (s->envelope_status == CES_DECODE_REJECTED) {
-        if (add_dead_letter(p, &source, s->reason, NULL, raw, rec->len, arena) != 0)
-            goto nomem_taken;
-        return CES_PIPELINE_OK;
-    }
+    if (s->envelope_status == CES_DECODE_REJECTED)
+        return undecodable(p, &source, s->reason, NULL, raw, rec->len, arena, errstr,
+                           errstr_size);
     if (s->whole) {
         if (s->event_status == CES_DECODE_OK) {
-            /* Held, the event keeps only itself and its record: the decoding arena, JSON trees
-             * included, is several times their size. (Made here, not by the decoding thread:
-             * memory is then allocated and freed by this thread alone.) */
-            ces_arena_t *compact =
-                ces_arena_new_sized(ces_event_copy_size(&s->event) + rec->len + 16 + 64);
-            ces_event_t held;
-            const void *held_raw = compact ? ces_arena_strndup(compact, raw, rec->len) : NULL;
-            if (held_raw == NULL || ces_event_copy(&s->event, compact, &held) != 0) {
-                ces_arena_destroy(compact);
-                goto nomem;
-            }
-            ces_arena_reset(arena);
-            if (p->nspares < STAGE_RECORDS)
-                p->spares[p->nspares++] = arena;
-            else
-                ces_arena_destroy(arena);
-            if (add_event(p, &source, &held, held_raw, rec->len, compact, NULL, 0) != 0)
+            if (add_whole_event(p, &source, s, arena) != 0)
                 goto nomem_taken;
             return CES_PIPELINE_OK;
         }
@@ -334,30 +354,22 @@ static ces_pipeline_status_t take_record(ces_pipeline_t *p, staged_t *s, int64_t
             goto nomem;
         /* A current-generation record with index 1 and finalsegment may also be the last of two
          * 0-based segments: only then does its data fail to decode on its own. */
-        if (env.legacy || env.index != 1 || env.data == NULL) {
-            if (add_dead_letter(p, &source, s->reason, env.logicalid, raw, rec->len, arena) != 0)
-                goto nomem_taken;
-            return CES_PIPELINE_OK;
-        }
+        if (env.legacy || env.index != 1 || env.data == NULL)
+            return undecodable(p, &source, s->reason, env.logicalid, raw, rec->len, arena,
+                               errstr, errstr_size);
         /* Its data went to the failed decoding: the segment takes the envelope read again. */
         char again[512];
         ces_decode_status_t st =
             ces_decode_envelope(p->decoder, arena, raw, rec->len, &env, again, sizeof(again));
         if (st == CES_DECODE_NOMEM)
             goto nomem;
-        if (st != CES_DECODE_OK) {
-            /* It was read once already: the same bytes cannot fail now. */
-            if (add_dead_letter(p, &source, again, NULL, raw, rec->len, arena) != 0)
-                goto nomem_taken;
-            return CES_PIPELINE_OK;
-        }
+        if (st != CES_DECODE_OK) /* it was read once already: the same bytes cannot fail now */
+            return undecodable(p, &source, again, NULL, raw, rec->len, arena, errstr,
+                               errstr_size);
     }
-    if (env.data == NULL) {
-        if (add_dead_letter(p, &source, "a segment must carry data as a string", env.logicalid,
-                            raw, rec->len, arena) != 0)
-            goto nomem_taken;
-        return CES_PIPELINE_OK;
-    }
+    if (env.data == NULL)
+        return undecodable(p, &source, "a segment must carry data as a string", env.logicalid,
+                           raw, rec->len, arena, errstr, errstr_size);
     ces_segment_t seg = {
         .source = source,
         .envelope = env,
@@ -474,7 +486,7 @@ int ces_intake_expire(ces_pipeline_t *p, int64_t now_ms) {
                  (long long)p->options.reasm.timeout_ms, g->count);
         if (p->batch.count == 0)
             p->batch_started_ms = now_ms;
-        if (give_up_group(p, g, reason) != 0)
+        if (give_up_group(p, g, CES_DL_SEGMENT_TIMEOUT, reason) != 0)
             return -1;
     }
     return 0;
@@ -489,7 +501,7 @@ int ces_intake_give_up_all(ces_pipeline_t *p, int64_t now_ms) {
                  g->count);
         if (p->batch.count == 0)
             p->batch_started_ms = now_ms;
-        if (give_up_group(p, g, reason) != 0)
+        if (give_up_group(p, g, CES_DL_SEGMENT_TIMEOUT, reason) != 0)
             return -1;
     }
     return 0;

@@ -19,10 +19,6 @@ static const double batch_buckets[] = {0.001, 0.005, 0.01, 0.025, 0.05, 0.1,
                                        0.25,  0.5,   1,    2.5,   5,    10};
 #define NBUCKETS (sizeof(batch_buckets) / sizeof(batch_buckets[0]))
 
-static const char *const class_names[CES_DL_NCLASSES] = {
-    "decode", "no_primary_key", "rejected_by_postgres", "segment_timeout", "reassembly_limit",
-    "type_conflict", "schema", "other"};
-
 /* Labels of ces_op_t (1..3). */
 static const char *const op_names[4] = {"unknown", "insert", "update", "delete"};
 
@@ -105,36 +101,6 @@ void ces_metrics_destroy(ces_metrics_t *m) {
     ces_map_destroy(m->by_name);
     pthread_mutex_destroy(&m->lock);
     free(m);
-}
-
-const char *ces_metrics_class_name(ces_dl_class_t cls) {
-    return cls < CES_DL_NCLASSES ? class_names[cls] : "other";
-}
-
-static bool starts_with(const char *s, const char *prefix) {
-    return strncmp(s, prefix, strlen(prefix)) == 0;
-}
-
-ces_dl_class_t ces_metrics_classify(const ces_item_t *item) {
-    const char *r = item->reason ? item->reason : "";
-    if (item->event.table == NULL) {
-        /* Made by the pipeline before anything was decoded into an event. */
-        if (starts_with(r, "segment group incomplete"))
-            return CES_DL_SEGMENT_TIMEOUT;
-        if (starts_with(r, "segment group ") || starts_with(r, "segments held for reassembly"))
-            return CES_DL_REASSEMBLY_LIMIT;
-        return CES_DL_DECODE;
-    }
-    /* A decoded event that the apply stage turned into a dead letter. */
-    if (starts_with(r, "type conflict"))
-        return CES_DL_TYPE_CONFLICT;
-    if (strstr(r, "has no primary key") != NULL)
-        return CES_DL_NO_PRIMARY_KEY;
-    if (starts_with(r, "PostgreSQL rejected"))
-        return CES_DL_REJECTED_BY_POSTGRES;
-    if (strstr(r, "target table") != NULL || strstr(r, "primary key column") != NULL)
-        return CES_DL_SCHEMA;
-    return CES_DL_OTHER;
 }
 
 int ces_metrics_parse_time(const char *text, double *seconds) {
@@ -238,7 +204,7 @@ void ces_metrics_add_batch(ces_metrics_t *m, const ces_batch_t *batch, double se
             if (t != NULL)
                 t->applied[op < 4 ? op : 0]++;
         } else {
-            m->dead_letters[ces_metrics_classify(item)]++;
+            m->dead_letters[item->dl_class]++;
         }
     }
     if (batch->count > 0 || batch->noffsets > 0) {
@@ -356,17 +322,8 @@ static long process_rss_bytes(void) {
     return resident < 0 ? -1 : resident * sysconf(_SC_PAGESIZE);
 }
 
-int ces_metrics_render(ces_metrics_t *m, char **out_buf, size_t *out_len) {
-    *out_buf = NULL;
-    *out_len = 0;
-    FILE *out = open_memstream(out_buf, out_len);
-    if (out == NULL)
-        return -1;
-    long rss = process_rss_bytes();
-    struct timespec now;
-    clock_gettime(CLOCK_REALTIME, &now);
-
-    pthread_mutex_lock(&m->lock);
+/* The counters (under the lock). */
+static void render_counters(ces_metrics_t *m, FILE *out) {
     const ces_pipeline_stats_t *st = &m->stats;
     header(out, "ces2pg_build_info", "gauge", "Version of the running ces2pg.");
     fprintf(out, "ces2pg_build_info{version=\"%s\"} 1\n", CES2PG_VERSION);
@@ -400,7 +357,7 @@ int ces_metrics_render(ces_metrics_t *m, char **out_buf, size_t *out_len) {
     header(out, "ces2pg_dead_letters_total", "counter",
            "Records and events written to the dead letter table, by reason.");
     for (int c = 0; c < CES_DL_NCLASSES; c++)
-        fprintf(out, "ces2pg_dead_letters_total{reason=\"%s\"} %llu\n", class_names[c],
+        fprintf(out, "ces2pg_dead_letters_total{reason=\"%s\"} %llu\n", ces_dl_class_name(c),
                 (unsigned long long)m->dead_letters[c]);
     header(out, "ces2pg_batch_duration_seconds", "histogram",
            "Time to apply one batch (one PostgreSQL transaction), retries included.");
@@ -417,6 +374,11 @@ int ces_metrics_render(ces_metrics_t *m, char **out_buf, size_t *out_len) {
     header(out, "ces2pg_postgres_retries_total", "counter",
            "Batches rolled back and retried after a transient PostgreSQL failure.");
     fprintf(out, "ces2pg_postgres_retries_total %llu\n", (unsigned long long)st->retries);
+}
+
+/* The gauges (under the lock). */
+static void render_gauges(ces_metrics_t *m, FILE *out) {
+    const ces_pipeline_stats_t *st = &m->stats;
     header(out, "ces2pg_postgres_connected", "gauge", "1 while connected to PostgreSQL.");
     fprintf(out, "ces2pg_postgres_connected %d\n", atomic_load(&m->connected) ? 1 : 0);
     header(out, "ces2pg_partitions_assigned", "gauge", "Kafka partitions assigned to ces2pg.");
@@ -463,6 +425,21 @@ int ces_metrics_render(ces_metrics_t *m, char **out_buf, size_t *out_len) {
                "PostgreSQL.");
         fprintf(out, "ces2pg_replication_delay_seconds %.3f\n", m->last_delay);
     }
+}
+
+int ces_metrics_render(ces_metrics_t *m, char **out_buf, size_t *out_len) {
+    *out_buf = NULL;
+    *out_len = 0;
+    FILE *out = open_memstream(out_buf, out_len);
+    if (out == NULL)
+        return -1;
+    long rss = process_rss_bytes();
+    struct timespec now;
+    clock_gettime(CLOCK_REALTIME, &now);
+
+    pthread_mutex_lock(&m->lock);
+    render_counters(m, out);
+    render_gauges(m, out);
     pthread_mutex_unlock(&m->lock);
     if (rss >= 0) {
         header(out, "ces2pg_process_resident_memory_bytes", "gauge",

@@ -9,7 +9,7 @@
  * for the main loop.
  *
  * Label cardinality is bounded: at most CES_METRICS_MAX_TABLES tables are tracked by name, the rest
- * count under table="other"; dead letters are classified into a fixed set of reasons.
+ * count under table="other"; dead letters count by the class they were made with (batch.h).
  */
 #ifndef CES_METRICS_H
 #define CES_METRICS_H
@@ -24,23 +24,6 @@
 #define CES_METRICS_MAX_TABLES 1000
 
 typedef struct ces_metrics_s ces_metrics_t;
-
-/* The classes dead letters are counted in (the label reason=...). */
-typedef enum {
-    CES_DL_DECODE,               /* the record could not be decoded */
-    CES_DL_NO_PRIMARY_KEY,       /* the target table has no primary key */
-    CES_DL_REJECTED_BY_POSTGRES, /* PostgreSQL rejected the values (SQLSTATE 22, 23, 54) */
-    CES_DL_SEGMENT_TIMEOUT,      /* a segment group never completed */
-    CES_DL_REASSEMBLY_LIMIT,     /* a segment group broke reassembly.max_* */
-    CES_DL_TYPE_CONFLICT,        /* a source column's type changed beyond its target column */
-    CES_DL_SCHEMA,               /* the target table is missing or cannot be extended */
-    CES_DL_OTHER,
-    CES_DL_NCLASSES
-} ces_dl_class_t;
-
-/* The class of a dead letter item (its reason, and whether it was decoded). */
-ces_dl_class_t ces_metrics_classify(const ces_item_t *item);
-const char *ces_metrics_class_name(ces_dl_class_t cls);
 
 /* One assigned partition, for the lag gauges. */
 typedef struct {

@@ -597,6 +597,9 @@ static int add_version_param(ces_sender_t *s, const ces_catalog_desc_t *t, const
     return (int)slot + 1;
 }
 
+/* Why a change without a value for a key column cannot be applied. */
+#define MISSING_KEY_VALUE "the event lacks a value for a primary key column of the target table"
+
 /* Sends a row statement of kind on the values s->values[0..n) of the columns cols (NULL for a
  * delete). */
 static int send_row(ces_sender_t *s, long idx, const ces_event_t *ev, ces_bulk_kind_t kind,
@@ -614,14 +617,14 @@ static int send_row(ces_sender_t *s, long idx, const ces_event_t *ev, ces_bulk_k
 }
 
 static int send_delete(ces_sender_t *s, long idx, ces_item_t *item, ces_catalog_table_t *table,
-                       const ces_field_t *image, size_t nimage, bool bulk, const char **reject) {
+                       const ces_field_t *image, size_t nimage, bool bulk, ces_reject_t *reject) {
     const ces_catalog_desc_t *t = ces_catalog_desc(table);
     if (reserve_scratch(s, t->npk + 1) != 0)
         return -1;
     for (size_t k = 0; k < t->npk; k++) {
         const ces_field_t *f = key_field(table, k, image, nimage, &item->event);
         if (f == NULL || f->is_null) {
-            *reject = "the event lacks a value for a primary key column of the target table";
+            *reject = (ces_reject_t){CES_DL_SCHEMA, MISSING_KEY_VALUE};
             return 0;
         }
         if (param_value(s, item, t, (long)t->pk[k], f, k) != 0)
@@ -660,7 +663,7 @@ static int new_marks(ces_sender_t *s, const ces_catalog_desc_t *t) {
  * names that fold alike), then key columns it lacks (from pkkey), sorted by column index. Returns
  * the count, 0 with *reject set when a key value is missing, or -1. */
 static long upsert_columns(ces_sender_t *s, ces_catalog_table_t *table, const ces_event_t *ev,
-                           const char **reject) {
+                           ces_reject_t *reject) {
     const ces_catalog_desc_t *t = ces_catalog_desc(table);
     const ces_field_t **fields = s->fields;
     size_t n = 0;
@@ -679,7 +682,7 @@ static long upsert_columns(ces_sender_t *s, ces_catalog_table_t *table, const ce
             continue;
         const ces_field_t *f = key_field(table, k, NULL, 0, ev);
         if (f == NULL) {
-            *reject = "the event lacks a value for a primary key column of the target table";
+            *reject = (ces_reject_t){CES_DL_SCHEMA, MISSING_KEY_VALUE};
             return 0;
         }
         s->cols[n] = (long)t->pk[k];
@@ -702,13 +705,13 @@ static long upsert_columns(ces_sender_t *s, ces_catalog_table_t *table, const ce
 }
 
 static int send_upsert(ces_sender_t *s, long idx, ces_item_t *item, ces_catalog_table_t *table,
-                       bool bulk, const char **reject) {
+                       bool bulk, ces_reject_t *reject) {
     const ces_event_t *ev = &item->event;
     const ces_catalog_desc_t *t = ces_catalog_desc(table);
     if (reserve_scratch(s, ev->ncurrent + t->npk + 1) != 0)
         return -1;
     long counted = upsert_columns(s, table, ev, reject);
-    if (counted < 0 || *reject != NULL)
+    if (counted < 0 || reject->reason != NULL)
         return counted < 0 ? -1 : 0;
     size_t n = (size_t)counted;
     for (size_t i = 0; i < n; i++) {
@@ -751,7 +754,7 @@ static bool key_changed(ces_catalog_table_t *table, const ces_event_t *ev) {
 }
 
 int ces_sender_event(ces_sender_t *s, long idx, ces_item_t *item, ces_catalog_table_t *table,
-                     const char **reject) {
+                     ces_reject_t *reject) {
     const ces_event_t *ev = &item->event;
     if (ev->op == CES_OP_DELETE)
         return send_delete(s, idx, item, table, ev->old, ev->nold, s->bulk, reject);
@@ -767,8 +770,8 @@ int ces_sender_event(ces_sender_t *s, long idx, ces_item_t *item, ces_catalog_ta
         if (ces_sender_flush_bulk(s) != 0)
             return -1;
         if (send_delete(s, idx, item, table, ev->old, ev->nold, false, reject) != 0 ||
-            *reject != NULL)
-            return *reject != NULL ? 0 : -1;
+            reject->reason != NULL)
+            return reject->reason != NULL ? 0 : -1;
         return send_upsert(s, idx, item, table, false, reject);
     }
     return send_upsert(s, idx, item, table, s->bulk, reject);

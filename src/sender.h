@@ -69,7 +69,7 @@ int ces_sender_simple(ces_sender_t *sender, const char *sql) __attribute__((warn
 /* Sends the change of batch item idx to its target table (owned by the catalog). An event that
  * cannot be applied (it lacks a key value) is not sent: *reject says why. */
 int ces_sender_event(ces_sender_t *sender, long idx, ces_item_t *item, ces_catalog_table_t *table,
-                     const char **reject) __attribute__((warn_unused_result));
+                     ces_reject_t *reject) __attribute__((warn_unused_result));
 /* Sends the dead letter of batch item idx. */
 int ces_sender_dead_letter(ces_sender_t *sender, long idx, const ces_item_t *item)
     __attribute__((warn_unused_result));

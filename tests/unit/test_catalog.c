@@ -91,6 +91,12 @@ static void type_conflicts(void **state) {
     assert_true(ces_catalog_type_conflicts("pg_catalog.uuid", "nvarchar(36)"));
     assert_true(ces_catalog_type_conflicts("pg_catalog.timestamptz", "date"));
     assert_true(ces_catalog_type_conflicts("pg_catalog.bytea", "int"));
+    /* Type names that are keywords come quoted from format('%I.%I'). */
+    assert_true(ces_catalog_type_conflicts("pg_catalog.\"numeric\"", "nvarchar(20)"));
+    assert_true(ces_catalog_type_conflicts("pg_catalog.\"timestamp\"", "int"));
+    assert_true(ces_catalog_type_conflicts("pg_catalog.\"time\"", "bit"));
+    assert_false(ces_catalog_type_conflicts("pg_catalog.\"varchar\"", "int"));
+    assert_false(ces_catalog_type_conflicts("pg_catalog.\"numeric\"", "decimal(12,2)"));
     /* Text holds anything. */
     assert_false(ces_catalog_type_conflicts("pg_catalog.text", "int"));
     assert_false(ces_catalog_type_conflicts("pg_catalog.bpchar", "datetime2(7)"));

@@ -1,4 +1,4 @@
-/* metrics: envelope times, dead-letter classes, the Prometheus page and its bounded labels;
+/* metrics: envelope times, dead letters by class, the Prometheus page and its bounded labels;
  * configuration: ${ENV} references, secret files and $CREDENTIALS_DIRECTORY. */
 #include "test_util.h"
 
@@ -25,39 +25,52 @@ static void parses_envelope_times(void **state) {
     assert_int_equal(ces_metrics_parse_time(NULL, &t), -1);
 }
 
-static ces_item_t dead(const char *reason, const char *table) {
+static ces_item_t dead(const char *reason, ces_dl_class_t cls) {
     ces_item_t item;
     memset(&item, 0, sizeof(item));
     item.kind = CES_ITEM_DEAD_LETTER;
     item.reason = reason;
-    item.event.table = table;
+    item.dl_class = cls;
     return item;
 }
 
-static void classifies_dead_letters(void **state) {
+/* Dead letters count by the class they were made with, whatever their reason says. */
+static void counts_dead_letters_by_class(void **state) {
     (void)state;
-    static const struct {
-        const char *reason;
-        const char *table;
-        ces_dl_class_t cls;
-    } cases[] = {
-        {"record is not JSON (no '{')", NULL, CES_DL_DECODE},
-        {"segment group incomplete after 300000 ms (reassembly.timeout_ms)", NULL,
-         CES_DL_SEGMENT_TIMEOUT},
-        {"segment group x has more than 4096 segments (reassembly.max_segments)", NULL,
-         CES_DL_REASSEMBLY_LIMIT},
-        {"table has no primary key (ces2pg applies changes by primary key)", "t",
-         CES_DL_NO_PRIMARY_KEY},
-        {"PostgreSQL rejected the change: value too long (SQLSTATE 22001)", "t",
-         CES_DL_REJECTED_BY_POSTGRES},
-        {"type conflict: source column 'a' is nvarchar(10)", "t", CES_DL_TYPE_CONFLICT},
-        {"target table does not exist and schema.auto_create is off", "t", CES_DL_SCHEMA},
-        {"something new", "t", CES_DL_OTHER},
-    };
-    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
-        ces_item_t item = dead(cases[i].reason, cases[i].table);
-        assert_int_equal(ces_metrics_classify(&item), cases[i].cls);
+    static const char *const names[CES_DL_NCLASSES] = {
+        "decode",           "no_primary_key", "rejected_by_postgres", "segment_timeout",
+        "reassembly_limit", "type_conflict",  "schema"};
+    ces_metrics_t *m = ces_metrics_new();
+    assert_non_null(m);
+    ces_batch_t batch = {0};
+    for (int c = 0; c < CES_DL_NCLASSES; c++) {
+        assert_string_equal(ces_dl_class_name((ces_dl_class_t)c), names[c]);
+        for (int k = 0; k <= c; k++) {
+            ces_item_t *item = ces_batch_add(&batch);
+            assert_non_null(item);
+            /* The same wording for every class: the text plays no part. */
+            *item = dead("type conflict: table has no primary key", (ces_dl_class_t)c);
+        }
     }
+    ces_metrics_add_batch(m, &batch, 0.01);
+    char *page;
+    size_t len;
+    assert_int_equal(ces_metrics_render(m, &page, &len), 0);
+    for (int c = 0; c < CES_DL_NCLASSES; c++) {
+        char line[128];
+        snprintf(line, sizeof(line), "ces2pg_dead_letters_total{reason=\"%s\"} %d\n", names[c],
+                 c + 1);
+        if (strstr(page, line) == NULL)
+            fail_msg("missing: %s", line);
+    }
+    assert_null(strstr(page, "reason=\"other\""));
+    ces_metrics_summary_t sum;
+    ces_metrics_summary(m, &sum);
+    assert_int_equal(sum.dead_letters, CES_DL_NCLASSES * (CES_DL_NCLASSES + 1) / 2);
+    free(page);
+    free(batch.items);
+    free(batch.offsets);
+    ces_metrics_destroy(m);
 }
 
 /* Tables beyond the cap count as "other"; label values are escaped. */
@@ -79,7 +92,7 @@ static void renders_bounded_labels(void **state) {
         item->event.time = "2025-03-14T16:51:39.613Z";
     }
     ces_item_t *dl = ces_batch_add(&batch);
-    *dl = dead("not JSON", NULL);
+    *dl = dead("not JSON", CES_DL_DECODE);
     ces_metrics_add_batch(m, &batch, 0.02);
     char *page;
     size_t len;
@@ -160,7 +173,7 @@ static void expands_environment_and_reads_secrets(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(parses_envelope_times),
-        cmocka_unit_test(classifies_dead_letters),
+        cmocka_unit_test(counts_dead_letters_by_class),
         cmocka_unit_test(renders_bounded_labels),
         cmocka_unit_test(expands_environment_and_reads_secrets),
     };
