@@ -64,6 +64,8 @@ typedef struct {
     size_t nmore_sources;
     ces_arena_t *arena;  /* owned by the item; raw lives in it too (the Kafka message is released
                           * as soon as the record is copied) */
+    bool late; /* transaction mode: it came after its transaction went to PostgreSQL */
+    bool torn; /* ... and it is the first such event of that transaction */
 } ces_item_t;
 
 /* The position to store for one partition, fenced on the value read from PostgreSQL. */

@@ -53,6 +53,10 @@ static const key_t_ keys[] = {
     {"apply.ordering", KEY_STRING, F(apply_ordering), "transaction", false, false, 0, 0, RESTART},
     {"apply.reorder_window_ms", KEY_INT, F(apply_reorder_window_ms), "200", false, false, 0,
      600000, RESTART},
+    {"apply.reorder_window_max_ms", KEY_INT, F(apply_reorder_window_max_ms), "5000", false, false,
+     0, 600000, RESTART},
+    {"apply.reorder_window_adaptive", KEY_BOOL, F(apply_reorder_window_adaptive), "true", false,
+     false, 0, 0, RESTART},
     {"apply.max_pending_events", KEY_INT, F(apply_max_pending_events), "10000", false, false, 100,
      100000000, RESTART},
     {"apply.max_pending_bytes", KEY_INT, F(apply_max_pending_bytes), "16777216", false, false,
@@ -354,6 +358,18 @@ static int validate(ces_config_t *c, config_t *cfg, const char *file, char *errs
         config_setting_t *s = config_lookup(cfg, "apply.ordering");
         snprintf(errstr, errstr_size, "%s:%d: apply.ordering must be \"transaction\" or \"partition\"",
                  file, s ? config_setting_source_line(s) : 0);
+        return -1;
+    }
+    /* A window that starts above the default maximum may grow from there unless told otherwise. */
+    bool max_given = config_lookup(cfg, "apply.reorder_window_max_ms") != NULL;
+    if (!max_given && c->apply_reorder_window_max_ms < c->apply_reorder_window_ms)
+        c->apply_reorder_window_max_ms = c->apply_reorder_window_ms;
+    if (c->apply_reorder_window_max_ms < c->apply_reorder_window_ms) {
+        snprintf(errstr, errstr_size,
+                 "%s:%d: apply.reorder_window_max_ms (%lld) is below apply.reorder_window_ms "
+                 "(%lld): the window starts at the one and grows up to the other",
+                 file, line_of(cfg, "apply.reorder_window_max_ms"),
+                 (long long)c->apply_reorder_window_max_ms, (long long)c->apply_reorder_window_ms);
         return -1;
     }
     if (parse_duration(c->apply_tombstone_retention, &c->apply_tombstone_retention_s) != 0) {

@@ -49,6 +49,8 @@ typedef struct {
     int64_t apply_batch_max_ms;
     char *apply_ordering; /* "transaction" or "partition" */
     int64_t apply_reorder_window_ms;
+    int64_t apply_reorder_window_max_ms;
+    bool apply_reorder_window_adaptive;
     int64_t apply_max_pending_events;
     int64_t apply_max_pending_bytes;
     int64_t apply_dedup_window;

@@ -162,6 +162,7 @@ static ces_pipeline_status_t flush(ces_pipeline_t *p, bool async, char *errstr,
     if (p->batch.count == 0 && p->batch.noffsets == 0 && !(p->streaming && commit))
         return CES_PIPELINE_OK;
     int64_t started_ms = ces_clock_now_ms();
+    ces_release_sent(p, started_ms);
     /* The last part of a streamed transaction commits it: that one waits. */
     if (async && !(p->streaming && commit) &&
         (p->order == NULL || ces_order_set_in_flight(p->order, &p->batch) == 0))
@@ -255,6 +256,7 @@ ces_pipeline_status_t ces_flight_rewind(ces_pipeline_t *p, char *errstr, size_t 
     ces_reasm_forget_completed(p->reasm);
     if (p->order != NULL)
         ces_order_clear(p->order);
+    ces_release_forget(p);
     ces_apply_stream_abort(p->apply);
     p->streaming = false;
     p->stream_complete = false;

@@ -99,9 +99,12 @@ static bool table_selected(const ces_pipeline_t *p, const ces_event_t *event) {
  * more lists the other records the event was joined from (may be NULL). */
 static int add_event(ces_pipeline_t *p, const ces_source_t *source, const ces_event_t *event,
                      const void *raw, size_t raw_len, ces_arena_t *arena,
-                     const ces_source_t *more, size_t nmore) {
+                     const ces_source_t *more, size_t nmore, int64_t now_ms) {
     if ((unsigned)event->op < 4)
         p->stats.events_consumed[event->op]++;
+    ces_lsn_t lsn = event->position.commit_lsn;
+    bool torn_first = false;
+    bool late = p->order != NULL && ces_release_is_late(p, lsn, &torn_first);
     if (p->order != NULL) {
         /* Even a skipped event tells how far its partitions have come. */
         ces_release_saw_commit(p, source, event->position.commit_lsn);
@@ -123,6 +126,8 @@ static int add_event(ces_pipeline_t *p, const ces_source_t *source, const ces_ev
         .raw = raw,
         .raw_len = raw_len,
         .arena = arena,
+        .late = late,
+        .torn = late && torn_first,
     };
     if (p->order == NULL) {
         if (ces_batch_push(&p->batch, &tmp) != 0) {
@@ -138,6 +143,8 @@ static int add_event(ces_pipeline_t *p, const ces_source_t *source, const ces_ev
         snprintf(logicalid, sizeof(logicalid), "%s", event->logicalid ? event->logicalid : "");
     switch (ces_order_add(p->order, &tmp)) {
     case CES_ORDER_HELD:
+        if (late)
+            ces_release_late(p, source, lsn, torn_first, now_ms);
         return 0;
     case CES_ORDER_DUPLICATE: /* counted by the orderer (ces_pipeline_get_stats) */
         ces_log_debug("duplicate of an applied or held event skipped: %s[%d]@%lld (%s)",
@@ -173,7 +180,8 @@ static int give_up_group(ces_pipeline_t *p, ces_reasm_group_t *g, ces_dl_class_t
 }
 
 /* A complete group: decode the joined Data into one event item. */
-static int add_joined(ces_pipeline_t *p, ces_reasm_group_t *g, char *errstr, size_t errstr_size) {
+static int add_joined(ces_pipeline_t *p, ces_reasm_group_t *g, int64_t now_ms, char *errstr,
+                      size_t errstr_size) {
     ces_arena_t *arena = ces_arena_new();
     if (arena == NULL)
         return -1;
@@ -220,19 +228,20 @@ static int add_joined(ces_pipeline_t *p, ces_reasm_group_t *g, char *errstr, siz
         for (size_t i = 1; i < g->count; i++)
             more[i - 1] = g->segments[i].source;
     }
-    int rc = add_event(p, &source, &event, data, g->data_len, arena, more, g->count - 1);
+    int rc = add_event(p, &source, &event, data, g->data_len, arena, more, g->count - 1, now_ms);
     ces_reasm_group_free(g);
     return rc;
 }
 
 static ces_pipeline_status_t handle_reasm(ces_pipeline_t *p, ces_reasm_status_t rs,
-                                          ces_reasm_group_t *g, const char *reason, char *errstr,
-                                          size_t errstr_size) {
+                                          ces_reasm_group_t *g, const char *reason,
+                                          int64_t now_ms, char *errstr, size_t errstr_size) {
     switch (rs) {
     case CES_REASM_HELD:
         return CES_PIPELINE_OK;
     case CES_REASM_COMPLETE:
-        return add_joined(p, g, errstr, errstr_size) == 0 ? CES_PIPELINE_OK : CES_PIPELINE_FATAL;
+        return add_joined(p, g, now_ms, errstr, errstr_size) == 0 ? CES_PIPELINE_OK
+                                                                   : CES_PIPELINE_FATAL;
     case CES_REASM_GIVEN_UP:
         return give_up_group(p, g, CES_DL_REASSEMBLY_LIMIT, reason) == 0 ? CES_PIPELINE_OK
                                                                           : CES_PIPELINE_FATAL;
@@ -292,7 +301,7 @@ static ces_pipeline_status_t undecodable(ces_pipeline_t *p, const ces_source_t *
 /* A whole event decoded in s: it is held (or batched) as a compact copy of itself and its record,
  * and arena, emptied, decodes a later record. Takes arena in every case. Returns 0 or -1. */
 static int add_whole_event(ces_pipeline_t *p, const ces_source_t *source, staged_t *s,
-                           ces_arena_t *arena) {
+                           ces_arena_t *arena, int64_t now_ms) {
     /* The decoding arena, JSON trees included, is several times their size. (Made here, not by
      * the decoding thread: memory is then allocated and freed by this thread alone.) */
     size_t len = s->rec.len;
@@ -309,7 +318,7 @@ static int add_whole_event(ces_pipeline_t *p, const ces_source_t *source, staged
         p->spares[p->nspares++] = arena;
     else
         ces_arena_destroy(arena);
-    return add_event(p, source, &held, held_raw, len, compact, NULL, 0);
+    return add_event(p, source, &held, held_raw, len, compact, NULL, 0, now_ms);
 }
 
 /* Takes in a prepared record, in order, on the loop's thread. */
@@ -346,7 +355,7 @@ static ces_pipeline_status_t take_record(ces_pipeline_t *p, staged_t *s, int64_t
                            errstr_size);
     if (s->whole) {
         if (s->event_status == CES_DECODE_OK) {
-            if (add_whole_event(p, &source, s, arena) != 0)
+            if (add_whole_event(p, &source, s, arena, now_ms) != 0)
                 goto nomem_taken;
             return CES_PIPELINE_OK;
         }
@@ -386,7 +395,7 @@ static ces_pipeline_status_t take_record(ces_pipeline_t *p, staged_t *s, int64_t
     char reason[512];
     ces_reasm_status_t rs =
         ces_reasm_add(p->reasm, env.logicalid, &seg, now_ms, &group, reason, sizeof(reason));
-    return handle_reasm(p, rs, group, reason, errstr, errstr_size);
+    return handle_reasm(p, rs, group, reason, now_ms, errstr, errstr_size);
 nomem:
     ces_arena_destroy(arena);
 nomem_taken:

@@ -132,6 +132,8 @@ static void fill_pipeline_options(const ces_config_t *c, bool store_offsets,
     o->ordering = strcmp(c->apply_ordering, "partition") == 0 ? CES_ORDER_BY_PARTITION
                                                               : CES_ORDER_BY_TRANSACTION;
     o->reorder_window_ms = c->apply_reorder_window_ms;
+    o->reorder_window_max_ms = c->apply_reorder_window_max_ms;
+    o->reorder_window_adaptive = c->apply_reorder_window_adaptive;
     o->dedup_window = (size_t)c->apply_dedup_window;
     o->max_pending_events = (size_t)c->apply_max_pending_events;
     o->max_pending_bytes = (size_t)c->apply_max_pending_bytes;

@@ -33,6 +33,17 @@ typedef struct {
     int64_t position, high;
 } partition_gauge_t;
 
+/* Torn transactions of one partition: counted per partition that delivered the late event.
+ * Partitions are few (Event Hubs: at most 32 per hub on Standard); at most
+ * CES_METRICS_MAX_TORN_PARTITIONS are kept by name, the rest count in the last entry. */
+#define CES_METRICS_MAX_TORN_PARTITIONS 1024
+
+typedef struct {
+    char *topic;
+    int32_t partition;
+    uint64_t torn;
+} torn_counts_t;
+
 struct ces_metrics_s {
     pthread_mutex_t lock;
     /* Under lock. */
@@ -41,6 +52,9 @@ struct ces_metrics_s {
     size_t ntables, tables_cap;
     table_counts_t *other; /* tables beyond CES_METRICS_MAX_TABLES */
     uint64_t dead_letters[CES_DL_NCLASSES];
+    uint64_t late_events;
+    torn_counts_t *torn; /* in order of first sight */
+    size_t ntorn, torn_cap;
     uint64_t buckets[NBUCKETS]; /* not cumulative; summed when rendered */
     uint64_t batch_count;
     double batch_seconds;
@@ -70,6 +84,7 @@ ces_metrics_t *ces_metrics_new(void) {
         ces_metrics_destroy(m);
         return NULL;
     }
+    m->stats.reorder_window_ms = -1; /* unknown until the loop publishes */
     atomic_init(&m->heartbeat_ms, 0);
     atomic_init(&m->connected, false);
     atomic_init(&m->assigned, 0);
@@ -98,6 +113,9 @@ void ces_metrics_destroy(ces_metrics_t *m) {
         free(m->other);
     }
     free_partitions(m);
+    for (size_t i = 0; i < m->ntorn; i++)
+        free(m->torn[i].topic);
+    free(m->torn);
     ces_map_destroy(m->by_name);
     pthread_mutex_destroy(&m->lock);
     free(m);
@@ -183,6 +201,35 @@ other:
     return m->other;
 }
 
+/* A late event (item->late) applied: counted, and its transaction as torn once (item->torn). */
+static void count_late(ces_metrics_t *m, const ces_item_t *item) {
+    m->late_events++;
+    if (!item->torn)
+        return;
+    const ces_source_t *src = &item->source;
+    size_t i = 0;
+    while (i < m->ntorn && !(m->torn[i].partition == src->partition &&
+                             strcmp(m->torn[i].topic, src->topic) == 0))
+        i++;
+    if (i == m->ntorn && m->ntorn == CES_METRICS_MAX_TORN_PARTITIONS)
+        i = m->ntorn - 1; /* beyond the cap: in the last entry */
+    if (i == m->ntorn) {
+        if (m->ntorn == m->torn_cap) {
+            size_t cap = m->torn_cap ? m->torn_cap * 2 : 8;
+            torn_counts_t *bigger = realloc(m->torn, cap * sizeof(*bigger));
+            if (bigger == NULL)
+                return; /* a count less: not worth failing for */
+            m->torn = bigger;
+            m->torn_cap = cap;
+        }
+        char *topic = strdup(src->topic);
+        if (topic == NULL)
+            return;
+        m->torn[m->ntorn++] = (torn_counts_t){topic, src->partition, 0};
+    }
+    m->torn[i].torn++;
+}
+
 void ces_metrics_add_batch(ces_metrics_t *m, const ces_batch_t *batch, double seconds) {
     /* The last event applied is the newest (batches are in commit order): parse its time once. */
     const char *time_text = NULL;
@@ -198,6 +245,8 @@ void ces_metrics_add_batch(ces_metrics_t *m, const ces_batch_t *batch, double se
     pthread_mutex_lock(&m->lock);
     for (size_t i = 0; i < batch->count; i++) {
         const ces_item_t *item = &batch->items[i];
+        if (item->late)
+            count_late(m, item);
         if (item->kind == CES_ITEM_EVENT) {
             table_counts_t *t = table_for(m, &item->event);
             unsigned op = (unsigned)item->event.op;
@@ -359,6 +408,19 @@ static void render_counters(ces_metrics_t *m, FILE *out) {
     for (int c = 0; c < CES_DL_NCLASSES; c++)
         fprintf(out, "ces2pg_dead_letters_total{reason=\"%s\"} %llu\n", ces_dl_class_name(c),
                 (unsigned long long)m->dead_letters[c]);
+    header(out, "ces2pg_late_events_total", "counter",
+           "Events applied after their source transaction went to PostgreSQL without them "
+           "(transaction mode: they came later than the reorder window).");
+    fprintf(out, "ces2pg_late_events_total %llu\n", (unsigned long long)m->late_events);
+    header(out, "ces2pg_transactions_torn_total", "counter",
+           "Source transactions a PostgreSQL reader could see in parts, by the partition whose "
+           "events came late.");
+    for (size_t i = 0; i < m->ntorn; i++) {
+        fprintf(out, "ces2pg_transactions_torn_total{topic=\"");
+        put_label(out, m->torn[i].topic);
+        fprintf(out, "\",partition=\"%d\"} %llu\n", (int)m->torn[i].partition,
+                (unsigned long long)m->torn[i].torn);
+    }
     header(out, "ces2pg_batch_duration_seconds", "histogram",
            "Time to apply one batch (one PostgreSQL transaction), retries included.");
     uint64_t cumulative = 0;
@@ -399,6 +461,12 @@ static void render_gauges(ces_metrics_t *m, FILE *out) {
         put_label(out, m->partitions[i].topic);
         fprintf(out, "\",partition=\"%d\"} %lld\n", (int)m->partitions[i].partition,
                 (long long)lag);
+    }
+    if (st->reorder_window_ms >= 0) {
+        header(out, "ces2pg_reorder_window_seconds", "gauge",
+               "The effective reorder window of transaction mode: how long a caught-up partition "
+               "must be quiet before the transactions it could still add to are applied.");
+        fprintf(out, "ces2pg_reorder_window_seconds %.3f\n", (double)st->reorder_window_ms / 1000);
     }
     header(out, "ces2pg_pending_segment_groups", "gauge",
            "Segment groups waiting for the rest of their event.");

@@ -27,6 +27,8 @@ ces_pipeline_t *ces_pipeline_new(const ces_pipeline_options_t *options, ces_deco
     p->decoder = decoder;
     p->apply = apply;
     p->filling = &p->stages[0];
+    ces_window_init(&p->late.window, options->reorder_window_ms, options->reorder_window_max_ms,
+                    options->reorder_window_adaptive);
     p->reasm = ces_reasm_new(&options->reasm);
     p->partitions = ces_map_new();
     if (options->ordering == CES_ORDER_BY_TRANSACTION)
@@ -210,6 +212,7 @@ void ces_pipeline_get_stats(const ces_pipeline_t *p, ces_pipeline_stats_t *stats
     stats->pending_transactions = p->order ? ces_order_pending_transactions(p->order) : 0;
     stats->pending_segment_bytes = ces_reasm_pending_bytes(p->reasm);
     stats->pending_bytes = p->order ? ces_order_pending_bytes(p->order) : 0;
+    stats->reorder_window_ms = p->order ? ces_window_ms(&p->late.window) : -1;
 }
 
 typedef struct {

@@ -39,7 +39,9 @@ typedef struct {
     bool store_offsets; /* false for replay: positions of files are not stored */
     ces_reasm_limits_t reasm;
     ces_ordering_t ordering;
-    int64_t reorder_window_ms; /* how long a caught-up partition must be quiet */
+    int64_t reorder_window_ms;     /* how long a caught-up partition must be quiet, at first */
+    int64_t reorder_window_max_ms; /* ... and at most, as late events make it grow */
+    bool reorder_window_adaptive;  /* false: it stays at reorder_window_ms */
     size_t dedup_window;       /* committed positions remembered to spot duplicates */
     size_t max_pending_events; /* events held for ordering before partitions are paused */
     size_t max_pending_bytes;  /* the same in bytes of their memory; 0: no limit */
@@ -71,6 +73,7 @@ typedef struct {
     size_t pending_transactions;  /* source transactions held for ordering */
     size_t pending_segment_bytes; /* bytes held by segment groups */
     size_t pending_bytes;         /* memory of the events held for ordering */
+    int64_t reorder_window_ms;    /* the effective reorder window; -1 in partition mode */
 } ces_pipeline_stats_t;
 
 typedef enum {

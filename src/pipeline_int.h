@@ -13,6 +13,7 @@
 #include "pipeline.h"
 #include "positions.h"
 #include "team.h"
+#include "window.h"
 
 /*
  * A record on its way in. ces_intake_stage keeps it; the team decodes it (any thread, touching only
@@ -57,6 +58,32 @@ typedef struct {
     bool paused;
 } partition_t;
 
+/* Transaction mode: how the bet of the reorder window is doing (release.c). A transaction counts
+ * as sent once the batch it was released into went to PostgreSQL; an event of a transaction at or
+ * before the newest one sent arrived too late to join it (the transaction was torn). */
+#define SENT_HISTORY 1024 /* transactions whose sending time is remembered */
+#define TORN_HISTORY 64   /* torn transactions remembered, so each is counted once */
+
+typedef struct {
+    ces_lsn_t lsn;
+    int64_t sent_ms;   /* 0: released into the batch being built, not sent yet */
+    int64_t window_ms; /* the reorder window in force when it was released */
+} sent_t;
+
+typedef struct {
+    ces_window_t window; /* the effective reorder window */
+    bool has_released;
+    ces_lsn_t released_max; /* the newest transaction released into a batch */
+    bool has_sent;
+    ces_lsn_t sent_max; /* the newest transaction sent to PostgreSQL */
+    sent_t sent[SENT_HISTORY]; /* a ring, in LSN order: newest at sent_next - 1 */
+    size_t sent_count, sent_next, unstamped; /* the newest `unstamped` are not sent yet */
+    ces_lsn_t torn[TORN_HISTORY]; /* a ring of the last torn transactions */
+    size_t torn_count, torn_next;
+    int64_t last_warning_ms; /* the warnings about late events are rate-limited */
+    uint64_t unreported;     /* late events since the last warning */
+} lateness_t;
+
 struct ces_pipeline_s {
     ces_pipeline_options_t options;
     ces_decoder_t *decoder;
@@ -92,6 +119,7 @@ struct ces_pipeline_s {
     bool stream_complete; /* its last events are in the batch: the next flush commits */
     ces_lsn_t stream_lsn;
     ces_apply_stats_t stream_stats; /* what the open transaction holds, counted once committed */
+    lateness_t late; /* transaction mode */
 };
 
 /* ---- pipeline.c ---- */
@@ -145,6 +173,21 @@ static inline void ces_intake_release(ces_pipeline_t *p, void *handle) {
 }
 
 /* ---- release.c: when held transactions go, and bounded memory ---- */
+
+/*
+ * Transaction mode: is an event of commit LSN lsn, from source, too late to join its transaction
+ * (one at or before it went to PostgreSQL already)? Returns false, or true with *torn_first set
+ * when no late event of lsn was seen before. Cheap: one comparison for an event on time.
+ */
+bool ces_release_is_late(const ces_pipeline_t *p, ces_lsn_t lsn, bool *torn_first);
+/* A late event was taken in at now_ms (not a duplicate): remembers its transaction as torn, warns
+ * (rate-limited) and adapts the window. */
+void ces_release_late(ces_pipeline_t *p, const ces_source_t *source, ces_lsn_t lsn,
+                      bool torn_first, int64_t now_ms);
+/* The batch being built goes to PostgreSQL now: the transactions released into it are sent. */
+void ces_release_sent(ces_pipeline_t *p, int64_t now_ms);
+/* Forgets what was sent (after going back to the stored positions, records are read again). */
+void ces_release_forget(ces_pipeline_t *p);
 
 /* The partition of source delivered an event of commit LSN lsn: it will deliver no older one. */
 void ces_release_saw_commit(ces_pipeline_t *p, const ces_source_t *source, ces_lsn_t lsn);

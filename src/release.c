@@ -13,6 +13,110 @@
 
 #include "log.h"
 
+/* At most one warning about late events this often; the ones in between are counted in it. */
+#define LATE_WARNING_INTERVAL_MS 10000
+
+bool ces_release_is_late(const ces_pipeline_t *p, ces_lsn_t lsn, bool *torn_first) {
+    const lateness_t *l = &p->late;
+    if (!l->has_sent || ces_lsn_compare(lsn, l->sent_max) > 0)
+        return false;
+    *torn_first = true;
+    for (size_t i = 0; i < l->torn_count && *torn_first; i++)
+        *torn_first = ces_lsn_compare(l->torn[i], lsn) != 0;
+    return true;
+}
+
+/* The transaction at lsn, or when it was not sent itself the first one after it: when it went to
+ * PostgreSQL, and the window it was released under. NULL when it is older than what is
+ * remembered. */
+static const sent_t *sent_entry(const lateness_t *l, ces_lsn_t lsn) {
+    const sent_t *found = NULL;
+    size_t stamped = l->sent_count - l->unstamped;
+    for (size_t k = 0; k < stamped; k++) {
+        const sent_t *s = &l->sent[(l->sent_next + SENT_HISTORY - l->unstamped - 1 - k) %
+                                   SENT_HISTORY];
+        if (ces_lsn_compare(s->lsn, lsn) < 0)
+            break;
+        found = s;
+    }
+    return found;
+}
+
+void ces_release_late(ces_pipeline_t *p, const ces_source_t *source, ces_lsn_t lsn,
+                      bool torn_first, int64_t now) {
+    lateness_t *l = &p->late;
+    const sent_t *sent = sent_entry(l, lsn);
+    /* Older than what is remembered: at least as late as the oldest remembered. */
+    if (sent == NULL && l->sent_count > l->unstamped)
+        sent = &l->sent[(l->sent_next + SENT_HISTORY - l->sent_count) % SENT_HISTORY];
+    int64_t lateness = sent ? now - sent->sent_ms : 0;
+    int64_t then = sent ? sent->window_ms : ces_window_ms(&l->window);
+    if (torn_first) {
+        l->torn[l->torn_next] = lsn;
+        l->torn_next = (l->torn_next + 1) % TORN_HISTORY;
+        if (l->torn_count < TORN_HISTORY)
+            l->torn_count++;
+    }
+    /* A partition that delivered a later commit before this event keeps no commit order (the
+     * None partition scheme): no window would have held the transaction for it. */
+    const partition_t *part = ces_pipeline_partition(p, source->topic, source->partition, false);
+    bool window_helps = part == NULL || !part->has_frontier ||
+                        ces_lsn_compare(part->frontier, lsn) <= 0;
+    int64_t before = ces_window_ms(&l->window);
+    bool grew = window_helps && ces_window_late(&l->window, lateness, then, now);
+    if (now - l->last_warning_ms >= LATE_WARNING_INTERVAL_MS) {
+        char text[23];
+        ces_lsn_format(lsn, text);
+        ces_log_warning("torn transaction: an event of source transaction %s came from %s[%d] "
+                        "%lld ms after the transaction went to PostgreSQL without it; applied "
+                        "now (%llu more late events since the last warning)",
+                        text, source->topic, (int)source->partition, (long long)lateness,
+                        (unsigned long long)l->unreported);
+        l->last_warning_ms = now;
+        l->unreported = 0;
+    } else {
+        l->unreported++;
+    }
+    if (grew)
+        ces_log_warning("reorder window: %lld ms -> %lld ms, to wait for events as late as the "
+                        "last one (apply.reorder_window_max_ms = %lld)",
+                        (long long)before, (long long)ces_window_ms(&l->window),
+                        (long long)l->window.max_ms);
+}
+
+/* A transaction at lsn went into the batch being built. */
+static void note_released(ces_pipeline_t *p, ces_lsn_t lsn) {
+    lateness_t *l = &p->late;
+    /* A late transaction is released out of order: it adds nothing to what was sent. */
+    if (l->has_released && ces_lsn_compare(lsn, l->released_max) <= 0)
+        return;
+    l->has_released = true;
+    l->released_max = lsn;
+    l->sent[l->sent_next] = (sent_t){lsn, 0, ces_window_ms(&l->window)};
+    l->sent_next = (l->sent_next + 1) % SENT_HISTORY;
+    if (l->sent_count < SENT_HISTORY)
+        l->sent_count++;
+    if (l->unstamped < SENT_HISTORY)
+        l->unstamped++;
+}
+
+void ces_release_sent(ces_pipeline_t *p, int64_t now_ms) {
+    lateness_t *l = &p->late;
+    if (!l->has_released)
+        return;
+    for (size_t k = 0; k < l->unstamped; k++)
+        l->sent[(l->sent_next + SENT_HISTORY - 1 - k) % SENT_HISTORY].sent_ms = now_ms;
+    l->unstamped = 0;
+    l->has_sent = true;
+    l->sent_max = l->released_max;
+}
+
+void ces_release_forget(ces_pipeline_t *p) {
+    lateness_t *l = &p->late;
+    l->has_released = l->has_sent = false;
+    l->sent_count = l->sent_next = l->unstamped = 0;
+}
+
 void ces_release_saw_commit(ces_pipeline_t *p, const ces_source_t *source, ces_lsn_t lsn) {
     partition_t *part = ces_pipeline_partition(p, source->topic, source->partition, false);
     if (part != NULL && (!part->has_frontier || ces_lsn_compare(part->frontier, lsn) < 0)) {
@@ -84,7 +188,7 @@ static void scan_startable(void *value, void *arg) {
 
 static bool all_partitions(const ces_pipeline_t *p, void (*scan)(void *, void *), ces_lsn_t lsn,
                            int64_t now_ms) {
-    ready_scan_t r = {p, lsn, now_ms, p->options.reorder_window_ms, true};
+    ready_scan_t r = {p, lsn, now_ms, ces_window_ms(&p->late.window), true};
     ces_map_each(p->partitions, scan, &r);
     return r.ready;
 }
@@ -96,6 +200,8 @@ static int release_transactions(ces_pipeline_t *p, int64_t now_ms, bool drain) {
     if (p->streaming && !p->stream_complete) {
         /* The streamed transaction's events are no longer held, so ask about its LSN directly. */
         p->stream_complete = drain || all_partitions(p, scan_ready, p->stream_lsn, now_ms);
+        if (p->stream_complete)
+            note_released(p, p->stream_lsn);
     }
     ces_lsn_t lsn;
     /* Whole transactions only: the batch may grow past its size by the last one. */
@@ -109,6 +215,7 @@ static int release_transactions(ces_pipeline_t *p, int64_t now_ms, bool drain) {
             p->stream_complete = true; /* ready at lsn means ready at the streamed one too */
         if (ces_order_pop_oldest(p->order, &p->batch) < 0)
             return -1;
+        note_released(p, lsn);
     }
     return 0;
 }
@@ -202,6 +309,11 @@ ces_pipeline_status_t ces_release_tick(ces_pipeline_t *p, int64_t now_ms, char *
     if (st != CES_PIPELINE_OK)
         return st;
     bound_memory(p);
+    int64_t before = ces_window_ms(&p->late.window);
+    if (p->order != NULL && ces_window_tick(&p->late.window, now_ms))
+        ces_log_info("reorder window: %lld ms -> %lld ms (no late event for %lld s)",
+                     (long long)before, (long long)ces_window_ms(&p->late.window),
+                     (long long)(now_ms - p->late.window.last_late_ms) / 1000);
     return CES_PIPELINE_OK;
 }
 

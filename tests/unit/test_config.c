@@ -98,9 +98,45 @@ static void errors_name_file_line_and_key(void **state) {
     expect_error("kafka = { brokers = \"x\"; topics = [\"t\"]; };\npostgres = { conninfo = \"\"; };\n"
                  "log = { level = \"loud\"; };\n",
                  CES_CONFIG_DAEMON, "3:", "log.level must be one of");
+    expect_error("kafka = { brokers = \"x\"; topics = [\"t\"]; };\npostgres = { conninfo = \"\"; };\n"
+                 "apply = { reorder_window_ms = 400;\n reorder_window_max_ms = 300; };\n",
+                 CES_CONFIG_DAEMON, "4:", "apply.reorder_window_max_ms (300) is below");
     expect_error("kafka = { brokers = ; };\n", CES_CONFIG_DAEMON, "1:",
                  "syntax error");
     expect_error("kafka = \"x\";\n", CES_CONFIG_DAEMON, "1:", "'kafka' must be a group");
+}
+
+/* The reorder window: 200 ms growing up to 5 s by default; a start above that raises the maximum
+ * unless the maximum is given. */
+static void reorder_window_defaults(void **state) {
+    (void)state;
+    static const struct {
+        const char *apply;
+        int64_t start, max;
+        bool adaptive;
+    } cases[] = {
+        {"", 200, 5000, true},
+        {"reorder_window_ms = 8000;", 8000, 8000, true},
+        {"reorder_window_ms = 100; reorder_window_max_ms = 100; reorder_window_adaptive = false;",
+         100, 100, false},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        char text[512];
+        snprintf(text, sizeof(text),
+                 "kafka = { brokers = \"x\"; topics = [\"t\"]; };\n"
+                 "postgres = { conninfo = \"dbname=x\"; };\napply = { %s };\n",
+                 cases[i].apply);
+        write_config(text);
+        ces_config_t *c = NULL;
+        char err[512];
+        assert_int_equal(ces_config_load(path, CES_CONFIG_DAEMON, &c, err, sizeof(err)),
+                         CES_CONFIG_OK);
+        assert_int_equal(c->apply_reorder_window_ms, cases[i].start);
+        assert_int_equal(c->apply_reorder_window_max_ms, cases[i].max);
+        assert_int_equal(c->apply_reorder_window_adaptive, cases[i].adaptive);
+        ces_config_destroy(c);
+        unlink(path);
+    }
 }
 
 static void replay_needs_no_kafka(void **state) {
@@ -130,6 +166,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(loads_valid_file_with_defaults),
         cmocka_unit_test(errors_name_file_line_and_key),
+        cmocka_unit_test(reorder_window_defaults),
         cmocka_unit_test(replay_needs_no_kafka),
         cmocka_unit_test(missing_file),
     };

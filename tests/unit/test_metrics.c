@@ -73,6 +73,53 @@ static void counts_dead_letters_by_class(void **state) {
     ces_metrics_destroy(m);
 }
 
+/* Late events count once each, torn transactions once per transaction by the partition whose event
+ * came late; the effective reorder window is a gauge in transaction mode only. */
+static void counts_late_events_and_torn_transactions(void **state) {
+    (void)state;
+    ces_metrics_t *m = ces_metrics_new();
+    assert_non_null(m);
+    ces_batch_t batch = {0};
+    static const struct {
+        int32_t partition;
+        bool late, torn;
+    } items[] = {{0, false, false}, {1, true, true}, {1, true, false}, {2, true, true},
+                 {1, true, true},   {0, false, false}};
+    for (size_t i = 0; i < sizeof(items) / sizeof(items[0]); i++) {
+        ces_item_t *item = ces_batch_add(&batch);
+        assert_non_null(item);
+        item->kind = CES_ITEM_EVENT;
+        item->event.op = CES_OP_UPDATE;
+        item->event.schema = "dbo";
+        item->event.table = "accounts";
+        item->source = (ces_source_t){"ces", items[i].partition, (int64_t)i};
+        item->late = items[i].late;
+        item->torn = items[i].torn;
+    }
+    ces_metrics_add_batch(m, &batch, 0.01);
+    ces_pipeline_stats_t stats = {.reorder_window_ms = 625};
+    ces_metrics_set_stats(m, &stats, NULL, 0);
+    char *page;
+    size_t len;
+    assert_int_equal(ces_metrics_render(m, &page, &len), 0);
+    assert_non_null(strstr(page, "ces2pg_late_events_total 4\n"));
+    assert_non_null(
+        strstr(page, "ces2pg_transactions_torn_total{topic=\"ces\",partition=\"1\"} 2\n"));
+    assert_non_null(
+        strstr(page, "ces2pg_transactions_torn_total{topic=\"ces\",partition=\"2\"} 1\n"));
+    assert_null(strstr(page, "partition=\"0\"} "));
+    assert_non_null(strstr(page, "ces2pg_reorder_window_seconds 0.625\n"));
+    free(page);
+    stats.reorder_window_ms = -1; /* partition mode */
+    ces_metrics_set_stats(m, &stats, NULL, 0);
+    assert_int_equal(ces_metrics_render(m, &page, &len), 0);
+    assert_null(strstr(page, "ces2pg_reorder_window_seconds"));
+    free(page);
+    free(batch.items);
+    free(batch.offsets);
+    ces_metrics_destroy(m);
+}
+
 /* Tables beyond the cap count as "other"; label values are escaped. */
 static void renders_bounded_labels(void **state) {
     (void)state;
@@ -174,6 +221,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(parses_envelope_times),
         cmocka_unit_test(counts_dead_letters_by_class),
+        cmocka_unit_test(counts_late_events_and_torn_transactions),
         cmocka_unit_test(renders_bounded_labels),
         cmocka_unit_test(expands_environment_and_reads_secrets),
     };

@@ -445,8 +445,157 @@ static void stage_room_follows_the_batch(void **state) {
     ces_pipeline_destroy(p);
 }
 
+/* What a flush does to the batch being built, without PostgreSQL: it is sent at now and commits. */
+static void commit_batch(ces_pipeline_t *p, int64_t now) {
+    ces_release_sent(p, now);
+    ces_order_committed(p->order, &p->batch);
+    ces_batch_clear(&p->batch);
+}
+
+static ces_pipeline_t *new_adaptive_pipeline(bool adaptive) {
+    ces_pipeline_options_t o = {
+        .batch_max_events = 1000,
+        .batch_max_ms = 100,
+        .store_offsets = true,
+        .reasm = {1 << 20, 100, 5000},
+        .ordering = CES_ORDER_BY_TRANSACTION,
+        .reorder_window_ms = WINDOW,
+        .reorder_window_max_ms = 5000,
+        .reorder_window_adaptive = adaptive,
+        .dedup_window = 100,
+        .decode_threads = 1,
+    };
+    ces_pipeline_t *p = ces_pipeline_new(&o, decoder, NULL);
+    assert_non_null(p);
+    int32_t parts[2] = {0, 1};
+    int64_t offsets[2];
+    assert_int_equal(ces_pipeline_on_assigned(p, "ces", parts, 2, offsets), 0);
+    return p;
+}
+
+static int64_t window_now(const ces_pipeline_t *p) {
+    ces_pipeline_stats_t st;
+    ces_pipeline_get_stats(p, &st);
+    return st.reorder_window_ms;
+}
+
+/*
+ * Transaction 10 has an event on each partition; partition 1's comes 300 ms after the transaction
+ * went to PostgreSQL without it. That event is late (the transaction was torn), is applied, and
+ * the window grows to cover it; a second late event of the same transaction is late but does not
+ * tear it again; a resend of an applied position is a duplicate, not late.
+ */
+static void late_event_tears_its_transaction_once(void **state) {
+    (void)state;
+    ces_pipeline_t *p = new_adaptive_pipeline(true);
+    feed(p, 1, 0, 5, 1, 1, 0);  /* partition 1 delivered transaction 5 and went quiet */
+    feed(p, 0, 0, 10, 1, 2, 0); /* transaction 10's event on partition 0 */
+    ces_release_partition_eof(p, "ces", 0, 1);
+    ces_release_partition_eof(p, "ces", 1, 1);
+    tick(p, WINDOW);
+    assert_int_equal(ces_pipeline_batch_events(p), 2);
+    for (size_t i = 0; i < 2; i++)
+        assert_false(ces_pipeline_batch_item(p, i)->late);
+    commit_batch(p, WINDOW);
+    assert_int_equal(window_now(p), WINDOW);
+
+    /* 300 ms after: transaction 10's event on partition 1. */
+    feed(p, 1, 1, 10, 2, 3, WINDOW + 300);
+    assert_int_equal(window_now(p), WINDOW + 300 + (WINDOW + 300) / 4); /* 625 */
+    ces_release_partition_eof(p, "ces", 1, 2);
+    tick(p, WINDOW + 300 + 625);
+    assert_int_equal(ces_pipeline_batch_events(p), 1);
+    const ces_item_t *item = ces_pipeline_batch_item(p, 0);
+    assert_int_equal(item->event.position.sequence, 2);
+    assert_true(item->late);
+    assert_true(item->torn);
+    assert_int_equal(item->source.partition, 1);
+    commit_batch(p, WINDOW + 300 + 625);
+
+    /* Another late event of transaction 10, 1,800 ms after it went: late, but the transaction was
+     * torn already. The window grows to cover this lateness too (200 + 1800, and a quarter). */
+    feed(p, 1, 2, 10, 3, 4, 2000);
+    assert_int_equal(window_now(p), 2500);
+    ces_release_partition_eof(p, "ces", 1, 3);
+    tick(p, 2000 + 2500);
+    assert_int_equal(ces_pipeline_batch_events(p), 1);
+    assert_true(ces_pipeline_batch_item(p, 0)->late);
+    assert_false(ces_pipeline_batch_item(p, 0)->torn);
+    commit_batch(p, 4500);
+
+    /* A resend of an applied position: a duplicate, never late. */
+    ces_pipeline_stats_t before;
+    ces_pipeline_get_stats(p, &before);
+    feed(p, 0, 1, 10, 1, 2, 4500);
+    tick(p, 8000);
+    assert_int_equal(ces_pipeline_batch_events(p), 0);
+    ces_pipeline_stats_t after;
+    ces_pipeline_get_stats(p, &after);
+    assert_int_equal(after.duplicates, before.duplicates + 1);
+    /* Events of a newer transaction are on time. */
+    feed(p, 0, 2, 11, 1, 5, 8000);
+    feed(p, 1, 3, 11, 2, 6, 8000);
+    ces_release_partition_eof(p, "ces", 0, 3);
+    ces_release_partition_eof(p, "ces", 1, 4);
+    tick(p, 8000 + 2500);
+    assert_int_equal(ces_pipeline_batch_events(p), 2);
+    assert_false(ces_pipeline_batch_item(p, 0)->late);
+    assert_false(ces_pipeline_batch_item(p, 1)->late);
+    commit_batch(p, 10500);
+    /* A minute without late events, then the window shrinks back step by step. */
+    tick(p, 2000 + CES_WINDOW_QUIET_MS);
+    assert_int_equal(window_now(p), WINDOW + (2500 - WINDOW) / 2);
+    for (int64_t t = 2000 + CES_WINDOW_QUIET_MS; window_now(p) > WINDOW && t < 1000000;
+         t += CES_WINDOW_SHRINK_STEP_MS)
+        tick(p, t);
+    assert_int_equal(window_now(p), WINDOW);
+    ces_pipeline_destroy(p);
+}
+
+/* With apply.reorder_window_adaptive = false, late events are flagged and the window stays. */
+static void fixed_window_flags_late_events(void **state) {
+    (void)state;
+    ces_pipeline_t *p = new_adaptive_pipeline(false);
+    feed(p, 1, 0, 5, 1, 1, 0);
+    feed(p, 0, 0, 10, 1, 2, 0);
+    ces_release_partition_eof(p, "ces", 0, 1);
+    ces_release_partition_eof(p, "ces", 1, 1);
+    tick(p, WINDOW);
+    commit_batch(p, WINDOW);
+    feed(p, 1, 1, 10, 2, 3, WINDOW + 400);
+    ces_release_partition_eof(p, "ces", 1, 2);
+    tick(p, 2 * WINDOW + 400);
+    assert_int_equal(ces_pipeline_batch_events(p), 1);
+    assert_true(ces_pipeline_batch_item(p, 0)->torn);
+    assert_int_equal(window_now(p), WINDOW);
+    ces_pipeline_destroy(p);
+}
+
+/* A partition that delivers a commit older than one it delivered before (no commit order: the None
+ * partition scheme) tears transactions that no window would hold: the window does not grow. */
+static void out_of_order_partition_does_not_grow_the_window(void **state) {
+    (void)state;
+    ces_pipeline_t *p = new_adaptive_pipeline(true);
+    feed(p, 0, 0, 10, 1, 1, 0);
+    feed(p, 1, 0, 20, 1, 2, 0); /* partition 1 passed 10 */
+    ces_release_partition_eof(p, "ces", 0, 1);
+    ces_release_partition_eof(p, "ces", 1, 1);
+    tick(p, WINDOW);
+    assert_int_equal(ces_pipeline_batch_events(p), 2);
+    commit_batch(p, WINDOW);
+    feed(p, 1, 1, 10, 2, 3, WINDOW + 300); /* an event of 10 after one of 20 */
+    assert_int_equal(window_now(p), WINDOW);
+    tick(p, 2 * WINDOW + 300);
+    assert_int_equal(ces_pipeline_batch_events(p), 1);
+    assert_true(ces_pipeline_batch_item(p, 0)->torn);
+    ces_pipeline_destroy(p);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(late_event_tears_its_transaction_once),
+        cmocka_unit_test(fixed_window_flags_late_events),
+        cmocka_unit_test(out_of_order_partition_does_not_grow_the_window),
         cmocka_unit_test(interleaved_across_partitions),
         cmocka_unit_test(lagging_partition_holds_everything),
         cmocka_unit_test(duplicates_and_quiet_partition),
