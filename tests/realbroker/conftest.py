@@ -80,6 +80,9 @@ wait_applied = harness.wait_applied
 wait_until = harness.wait_until
 write_config = harness.write_config
 _attach_log = harness._attach_log
+metric = harness.metric
+metric_sum = harness.metric_sum
+run_lagging_bank = harness.run_lagging_bank
 _tail_text = harness._tail_text
 
 KAFKA_SCRIPT = ROOT / "tests" / "kafka" / "kafka-broker"
