@@ -1482,6 +1482,12 @@ SELECT count(*) FROM (
     HAVING count(DISTINCT xid) > 1) AS torn
 """
 
+# Changes applied more than once (a late event must be applied exactly once).
+LAG_TWICE_QUERY = """
+SELECT count(*) FROM (
+    SELECT tbl, version FROM public.lag_audit GROUP BY 1, 2 HAVING count(*) > 1) AS twice
+"""
+
 LAG_INVARIANT_QUERY = """
 SELECT (SELECT count(*) FROM dbo.accountsa) + (SELECT count(*) FROM dbo.accountsb),
        (SELECT coalesce(sum(balance), 0) FROM dbo.accountsa)
@@ -1638,6 +1644,8 @@ def run_lagging_bank(tmp_path, db, make_producer, start_daemon, topic, group,
             reader.stop()
     assert_tables_match(db, expect)
     assert dead_letters(db) == []
+    assert db.scalar(LAG_TWICE_QUERY) == 0, "a change was applied twice"
+    assert db.scalar("SELECT count(*) FROM public.lag_audit") == len(a_recs) + len(b_recs)
     torn = db.scalar(LAG_TORN_QUERY)
     status, body = http_get(f"http://127.0.0.1:{port}/metrics")
     assert status == 200, f"/metrics: {status} {body}"
