@@ -46,6 +46,19 @@ int ces_batch_set_offset(ces_batch_t *batch, const ces_offset_update_t *update) 
     return 0;
 }
 
+int ces_batch_add_gap(ces_batch_t *batch, const ces_source_gap_t *gap) {
+    if (batch->ngaps == batch->gaps_capacity) {
+        size_t cap = batch->gaps_capacity ? batch->gaps_capacity * 2 : 4;
+        ces_source_gap_t *gaps = realloc(batch->gaps, cap * sizeof(*gaps));
+        if (gaps == NULL)
+            return -1;
+        batch->gaps = gaps;
+        batch->gaps_capacity = cap;
+    }
+    batch->gaps[batch->ngaps++] = *gap;
+    return 0;
+}
+
 const char *ces_dl_class_name(ces_dl_class_t cls) {
     static const char *const names[CES_DL_NCLASSES] = {
         "decode",           "no_primary_key", "rejected_by_postgres", "segment_timeout",
@@ -71,10 +84,12 @@ void ces_batch_clear(ces_batch_t *batch) {
     batch->count = 0;
     batch->bytes = 0;
     batch->noffsets = 0;
+    batch->ngaps = 0;
 }
 
 void ces_batch_free(ces_batch_t *batch) {
     free(batch->items);
     free(batch->offsets);
+    free(batch->gaps);
     memset(batch, 0, sizeof(*batch));
 }

@@ -77,6 +77,17 @@ typedef struct {
     int64_t next;
 } ces_offset_update_t;
 
+/* A gap at the source: a partition's stored position was no longer there (retention, a recreated
+ * topic), and reading resumed elsewhere. Recorded with the batch whose position moves past it. */
+typedef struct {
+    const char *topic; /* reference to a string that outlives the batch */
+    int32_t partition;
+    int64_t stored;  /* the position PostgreSQL held */
+    int64_t resumed; /* where reading resumed */
+    int64_t skipped; /* records between the two that were never read; -1: unknown */
+    const char *reason; /* static text */
+} ces_source_gap_t;
+
 typedef struct {
     ces_item_t *items;
     size_t count;
@@ -85,6 +96,9 @@ typedef struct {
     ces_offset_update_t *offsets;
     size_t noffsets;
     size_t offsets_capacity;
+    ces_source_gap_t *gaps; /* the source gaps its positions move past */
+    size_t ngaps;
+    size_t gaps_capacity;
 } ces_batch_t;
 
 /* Appends an empty item and returns it, or NULL when out of memory. The batch owns the array. */
@@ -94,6 +108,9 @@ ces_item_t *ces_batch_add(ces_batch_t *batch);
 int ces_batch_push(ces_batch_t *batch, const ces_item_t *item);
 /* Appends or replaces the stored position for (topic, partition). Returns 0, or -1 (no memory). */
 int ces_batch_set_offset(ces_batch_t *batch, const ces_offset_update_t *update);
+
+/* Appends a source gap. Returns 0, or -1 (no memory). */
+int ces_batch_add_gap(ces_batch_t *batch, const ces_source_gap_t *gap);
 
 /* Turns an event item into a dead letter of class cls with a copy of reason. Returns 0, or -1 (no
  * memory). */

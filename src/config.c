@@ -42,6 +42,10 @@ static const key_t_ keys[] = {
     {"kafka.eventhubs_connection_string_file", KEY_STRING,
      F(kafka_eventhubs_connection_string_file), NULL, false, false, 0, 0, RESTART},
     {"kafka.ssl_ca_file", KEY_STRING, F(kafka_ssl_ca_file), NULL, false, false, 0, 0, RESTART},
+    {"kafka.on_source_gap", KEY_STRING, F(kafka_on_source_gap), "stop", false, false, 0, 0,
+     RESTART},
+    {"kafka.group_instance_id", KEY_STRING, F(kafka_group_instance_id), NULL, false, false, 0, 0,
+     RESTART},
     {"postgres.conninfo", KEY_STRING, F(pg_conninfo), NULL, true, true, 0, 0, RESTART},
     {"postgres.password_file", KEY_STRING, F(pg_password_file), NULL, false, false, 0, 0, RESTART},
     {"postgres.retry_max_ms", KEY_INT, F(pg_retry_max_ms), "30000", false, false, 100, 3600000, RESTART},
@@ -354,6 +358,12 @@ static int validate(ces_config_t *c, config_t *cfg, const char *file, char *errs
                  file, s ? config_setting_source_line(s) : 0);
         return -1;
     }
+    if (strcmp(c->kafka_on_source_gap, "stop") != 0 &&
+        strcmp(c->kafka_on_source_gap, "continue") != 0) {
+        snprintf(errstr, errstr_size, "%s:%d: kafka.on_source_gap must be \"stop\" or \"continue\"",
+                 file, line_of(cfg, "kafka.on_source_gap"));
+        return -1;
+    }
     if (strcmp(c->apply_ordering, "transaction") != 0 && strcmp(c->apply_ordering, "partition") != 0) {
         config_setting_t *s = config_lookup(cfg, "apply.ordering");
         snprintf(errstr, errstr_size, "%s:%d: apply.ordering must be \"transaction\" or \"partition\"",
@@ -553,6 +563,23 @@ static int eventhubs_endpoint_host(const char *conn, char *host, size_t host_siz
     return -1;
 }
 
+/* Static group membership: the key, else $CES2PG_GROUP_INSTANCE_ID (which the systemd unit and the
+ * compose file set per instance); "" in either turns it off. */
+static int settle_group_instance_id(ces_config_t *c, const char *file, char *errstr,
+                                    size_t errstr_size) {
+    const char *env = getenv(CES_CONFIG_GROUP_INSTANCE_ENV);
+    if (c->kafka_group_instance_id == NULL && env != NULL &&
+        (c->kafka_group_instance_id = strdup(env)) == NULL) {
+        snprintf(errstr, errstr_size, "%s: out of memory", file);
+        return -1;
+    }
+    if (c->kafka_group_instance_id != NULL && c->kafka_group_instance_id[0] == '\0') {
+        free(c->kafka_group_instance_id);
+        c->kafka_group_instance_id = NULL;
+    }
+    return 0;
+}
+
 /* Event Hubs mode and TLS files: one source of the connection string, the bootstrap servers
  * derived from it when kafka.brokers is not set, files readable. Never quotes the secret. */
 static int settle_kafka_security(ces_config_t *c, config_t *cfg, const char *file, char *errstr,
@@ -695,6 +722,7 @@ ces_config_status_t ces_config_load(const char *path, ces_config_mode_t mode, ce
         }
     }
     if (settle_kafka_security(c, &cfg, path, errstr, errstr_size) != 0 ||
+        settle_group_instance_id(c, path, errstr, errstr_size) != 0 ||
         settle_postgres_password(c, &cfg, path, errstr, errstr_size) != 0)
         goto done;
     if (mode == CES_CONFIG_DAEMON && c->kafka_topics.count == 0) {

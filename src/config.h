@@ -8,6 +8,10 @@
 #ifndef CES_CONFIG_H
 #define CES_CONFIG_H
 
+/* The environment variable that names this instance in its consumer group when
+ * kafka.group_instance_id is not set (the systemd unit and the compose file set it). */
+#define CES_CONFIG_GROUP_INSTANCE_ENV "CES2PG_GROUP_INSTANCE_ID"
+
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -35,6 +39,9 @@ typedef struct {
     char *kafka_eventhubs_connection_string;
     char *kafka_eventhubs_connection_string_file;
     char *kafka_ssl_ca_file; /* ssl.ca.location: CA certificates (PEM) for a private CA */
+    char *kafka_on_source_gap; /* "stop" or "continue" */
+    /* group.instance.id (static membership): the key, else $CES2PG_GROUP_INSTANCE_ID; NULL: none */
+    char *kafka_group_instance_id;
 
     char *pg_conninfo;
     /* postgres.password_file (relative paths are looked up in $CREDENTIALS_DIRECTORY when set) and

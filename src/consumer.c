@@ -51,7 +51,8 @@ struct ces_consumer_s {
 };
 
 /* Properties ces2pg sets itself; the user sets them through dedicated keys or not at all. */
-static const char *const reserved[] = {"group.id", "enable.auto.offset.store", "bootstrap.servers"};
+static const char *const reserved[] = {"group.id", "enable.auto.offset.store", "bootstrap.servers",
+                                       "group.instance.id"};
 
 /* Defaults ces2pg chooses; each may be overridden through kafka.properties. */
 static const char *const defaults[][2] = {
@@ -68,6 +69,16 @@ static const char *const defaults[][2] = {
      * about 8 MB; with the nudger below, throughput is what it was with the defaults. */
     {"queued.min.messages", "2000"},
     {"queued.max.messages.kbytes", "8192"},
+    /* A join or a leave moves only the partitions that change owner: the others keep fetching,
+     * and what is held for them in memory stays (pipeline.c drops only a revoked partition's). */
+    {"partition.assignment.strategy", "cooperative-sticky"},
+    /* A member that vanished (kill -9, a lost host) holds its partitions until its session times
+     * out: librdkafka's 45 s was a 45 s gap in replication for the whole group. 10 s, with
+     * heartbeats every 3 s, notices it sooner and rides out a pause of a few seconds. With
+     * static membership (kafka.group_instance_id) a restarted member gets its partitions back at
+     * once whatever this is. Event Hubs mode sets Microsoft's 30 s instead (below). */
+    {"session.timeout.ms", "10000"},
+    {"heartbeat.interval.ms", "3000"},
 };
 
 /* Event Hubs mode (kafka.eventhubs_connection_string): how the Kafka endpoint authenticates. */
@@ -259,7 +270,7 @@ static rd_kafka_conf_t *build_conf(const ces_config_t *config, char *errstr, siz
             if (strcmp(name, reserved[r]) == 0) {
                 snprintf(errstr, errstr_size,
                          "%s:%d: kafka.properties: '%s' is set by ces2pg itself (use "
-                         "kafka.group_id and kafka.brokers)",
+                         "kafka.group_id, kafka.group_instance_id and kafka.brokers)",
                          config->path, line, name);
                 goto fail;
             }
@@ -279,6 +290,12 @@ static rd_kafka_conf_t *build_conf(const ces_config_t *config, char *errstr, siz
         rd_kafka_conf_set(conf, "bootstrap.servers", config->kafka_brokers, err, sizeof(err)) !=
             RD_KAFKA_CONF_OK) {
         snprintf(errstr, errstr_size, "%s: kafka.brokers: %s", config->path, err);
+        goto fail;
+    }
+    if (config->kafka_group_instance_id != NULL &&
+        rd_kafka_conf_set(conf, "group.instance.id", config->kafka_group_instance_id, err,
+                          sizeof(err)) != RD_KAFKA_CONF_OK) {
+        snprintf(errstr, errstr_size, "%s: kafka.group_instance_id: %s", config->path, err);
         goto fail;
     }
     if (rd_kafka_conf_set(conf, "group.id", config->kafka_group_id, err, sizeof(err)) !=
@@ -323,7 +340,7 @@ ces_consumer_status_t ces_consumer_property(const ces_config_t *config, const ch
         return status;
     size_t size = value_size;
     if (rd_kafka_conf_get(conf, name, value, &size) != RD_KAFKA_CONF_OK) {
-        snprintf(errstr, errstr_size, "librdkafka has no property '%s'", name);
+        snprintf(errstr, errstr_size, "librdkafka has no value for '%s'", name);
         status = CES_CONSUMER_CONFIG;
     }
     rd_kafka_conf_destroy(conf);
@@ -642,14 +659,21 @@ ces_poll_status_t ces_consumer_poll(ces_consumer_t *c, int timeout_ms, ces_recor
             rd_kafka_message_destroy(m);
             return CES_POLL_FATAL;
         }
-        if (err == RD_KAFKA_RESP_ERR__AUTO_OFFSET_RESET)
-            /* The position to resume from is gone (retention, or a recreated topic): events between
-             * it and where auto.offset.reset lands were never applied. Say so loudly; setting
-             * auto.offset.reset=error in kafka.properties stops the partition instead. */
-            ces_log_error("kafka: %s [%d]: %s: events may have been lost at the source",
-                          m->rkt ? rd_kafka_topic_name(m->rkt) : "?", (int)m->partition,
+        if (err == RD_KAFKA_RESP_ERR__AUTO_OFFSET_RESET && m->rkt != NULL) {
+            /* auto.offset.reset=error: the position to resume from is gone and librdkafka stops
+             * the partition; the pipeline judges the gap. (With earliest or latest librdkafka moves
+             * on by itself, and the pipeline sees the gap in the first record's offset.) */
+            snprintf(c->eof_topic, sizeof(c->eof_topic), "%s", rd_kafka_topic_name(m->rkt));
+            record->topic = c->eof_topic;
+            record->partition = m->partition;
+            record->offset = m->offset;
+            record->handle = NULL;
+            ces_log_debug("kafka: %s [%d]: %s", c->eof_topic, (int)m->partition,
                           rd_kafka_message_errstr(m));
-        else if (err != RD_KAFKA_RESP_ERR__PARTITION_EOF)
+            rd_kafka_message_destroy(m);
+            return CES_POLL_OUT_OF_RANGE;
+        }
+        if (err != RD_KAFKA_RESP_ERR__PARTITION_EOF)
             ces_log_warning("kafka: %s%s%s [%d]: %s", rd_kafka_err2name(err),
                             m->rkt ? " on " : "", m->rkt ? rd_kafka_topic_name(m->rkt) : "",
                             (int)m->partition, rd_kafka_message_errstr(m));
@@ -763,6 +787,22 @@ static void feed_store_position(void *opaque, const char *topic, int32_t partiti
     ces_consumer_store_offset(opaque, topic, partition, next);
 }
 
+/* How long asking the broker for a partition's watermarks may take. */
+#define WATERMARKS_TIMEOUT_MS 5000
+
+static int feed_watermarks(void *opaque, const char *topic, int32_t partition, int64_t *low,
+                           int64_t *high) {
+    ces_consumer_t *c = opaque;
+    rd_kafka_resp_err_t err =
+        rd_kafka_query_watermark_offsets(c->rk, topic, partition, low, high, WATERMARKS_TIMEOUT_MS);
+    if (err != RD_KAFKA_RESP_ERR_NO_ERROR) {
+        ces_log_warning("kafka: asking the watermarks of %s[%d]: %s", topic, (int)partition,
+                        rd_kafka_err2str(err));
+        return -1;
+    }
+    return 0;
+}
+
 void ces_consumer_feed(ces_consumer_t *c, ces_feed_t *feed) {
     *feed = (ces_feed_t){
         .poll = feed_poll,
@@ -771,6 +811,7 @@ void ces_consumer_feed(ces_consumer_t *c, ces_feed_t *feed) {
         .pause = feed_pause,
         .high_watermark = feed_high_watermark,
         .store_position = feed_store_position,
+        .watermarks = feed_watermarks,
         .opaque = c,
     };
 }

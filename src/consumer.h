@@ -43,7 +43,9 @@ ces_consumer_status_t ces_consumer_check_config(const ces_config_t *config, char
  * The value config gives librdkafka's property name, after ces2pg's defaults, Event Hubs mode,
  * kafka.properties and the settings ces2pg forces, as librdkafka itself reports it (its own
  * default when nobody sets it). Copies it into value (cut to value_size) and returns
- * CES_CONSUMER_OK, or an error in errstr as ces_consumer_check_config would. Nothing connects.
+ * CES_CONSUMER_OK, or an error in errstr as ces_consumer_check_config would, or CES_CONSUMER_CONFIG
+ * when librdkafka has no value for name (an unknown name, or one unset and without default).
+ * Nothing connects.
  */
 ces_consumer_status_t ces_consumer_property(const ces_config_t *config, const char *name,
                                             char *value, size_t value_size, char *errstr,

@@ -29,6 +29,9 @@ typedef enum {
                      * record->offset */
     CES_POLL_IDLE,  /* nothing arrived within the timeout */
     CES_POLL_END,   /* the input ended (replay): nothing more will come */
+    CES_POLL_OUT_OF_RANGE, /* the broker has no record at the position record->offset of
+                            * record->topic and ->partition, and auto.offset.reset says not to
+                            * move (error): the partition stops */
     CES_POLL_FATAL, /* the feed cannot go on; errstr says why */
 } ces_poll_status_t;
 
@@ -48,6 +51,10 @@ typedef struct {
     int (*pause)(void *opaque, const char *topic, int32_t partition, bool pause);
     /* The partition's high watermark as of the last fetch (no round trip). 0, or -1 when unknown. */
     int (*high_watermark)(void *opaque, const char *topic, int32_t partition, int64_t *high);
+    /* The partition's first and next offsets, asked of the broker (a round trip of at most a few
+     * seconds). 0, or -1 when it could not be asked. */
+    int (*watermarks)(void *opaque, const char *topic, int32_t partition, int64_t *low,
+                      int64_t *high);
     /* Tells the broker a position PostgreSQL has committed (for lag monitoring only). */
     void (*store_position)(void *opaque, const char *topic, int32_t partition, int64_t next);
     void *opaque;

@@ -34,8 +34,11 @@ static void collect_position(void *value, void *arg) {
         offset < held)
         held = offset;
     ces_offset_update_t update;
-    if (ces_positions_to_store(&part->pos, part->topic, part->partition, held, &update) &&
-        ces_batch_set_offset(&p->batch, &update) != 0)
+    if (!ces_positions_to_store(&part->pos, part->topic, part->partition, held, &update))
+        return;
+    const ces_source_gap_t *gap = ces_positions_gap_to_store(&part->pos);
+    if (ces_batch_set_offset(&p->batch, &update) != 0 ||
+        (gap != NULL && ces_batch_add_gap(&p->batch, gap) != 0))
         c->failed = 1;
 }
 

@@ -337,6 +337,14 @@ static ces_pipeline_status_t take_record(ces_pipeline_t *p, staged_t *s, int64_t
     partition_t *part = ces_pipeline_partition(p, rec->topic, rec->partition, true);
     if (part == NULL)
         goto nomem;
+    if (part->pos.expect_from >= 0) {
+        ces_pipeline_status_t st = ces_intake_check_resume(p, part->topic, rec->partition,
+                                                           rec->offset, false, errstr, errstr_size);
+        if (st != CES_PIPELINE_OK) {
+            ces_arena_destroy(arena); /* not taken in: nothing past the gap is read */
+            return st;
+        }
+    }
     if (!p->options.store_offsets)
         part->assigned = true; /* a replayed file is a partition of its own */
     ces_positions_on_read(&part->pos, rec->offset);
@@ -483,6 +491,100 @@ ces_pipeline_status_t ces_intake_add(ces_pipeline_t *p, const ces_record_t *rec,
                                      char *errstr, size_t errstr_size) {
     ces_intake_stage(p, rec);
     return ces_intake_take(p, now_ms, false, errstr, errstr_size);
+}
+
+/* A gap at the source: logged, counted, and either the end of the loop or recorded with the batch
+ * that moves past it. */
+static ces_pipeline_status_t source_gap(ces_pipeline_t *p, partition_t *part,
+                                        const ces_source_gap_t *gap, char *errstr,
+                                        size_t errstr_size) {
+    p->stats.source_gaps++;
+    char skipped[64] = "an unknown number of records";
+    if (gap->skipped >= 0) {
+        p->stats.source_gap_records += (uint64_t)gap->skipped;
+        snprintf(skipped, sizeof(skipped), "%lld record(s)", (long long)gap->skipped);
+    }
+    ces_log_error("source gap on %s[%d]: PostgreSQL's stored position is %lld, but reading "
+                  "resumes at %lld: %s; %s were never read, and their changes are missing from "
+                  "PostgreSQL",
+                  gap->topic, (int)gap->partition, (long long)gap->stored,
+                  (long long)gap->resumed, gap->reason, skipped);
+    if (p->options.stop_on_source_gap) {
+        snprintf(errstr, errstr_size,
+                 "stopped at a source gap on %s[%d] (kafka.on_source_gap = \"stop\"): nothing "
+                 "past position %lld is applied. To re-seed, reload the tables this partition "
+                 "feeds from SQL Server (rows loaded before ces2pg are adopted, and newer changes "
+                 "still win), then accept the gap. To accept it, start ces2pg once with "
+                 "kafka.on_source_gap = \"continue\": the gap is recorded in the metadata "
+                 "schema's source_gaps table and replication goes on from %lld",
+                 gap->topic, (int)gap->partition, (long long)gap->stored,
+                 (long long)gap->resumed);
+        return CES_PIPELINE_SOURCE_GAP;
+    }
+    ces_log_warning("%s[%d]: going on from %lld (kafka.on_source_gap = \"continue\"); the gap is "
+                    "recorded in the metadata schema's source_gaps table",
+                    gap->topic, (int)gap->partition, (long long)gap->resumed);
+    ces_positions_resume_checked(&part->pos, gap);
+    return CES_PIPELINE_OK;
+}
+
+/* Records between the stored position and the first one read may be missing for reasons that lose
+ * nothing (transaction markers of a transactional producer, compaction): only a broker whose
+ * partition now starts past the stored position has lost records. When it cannot be asked, the
+ * gap stands: never silent. */
+static bool records_removed(const ces_pipeline_t *p, const ces_source_gap_t *gap) {
+    int64_t low, high;
+    if (p->feed.watermarks == NULL ||
+        p->feed.watermarks(p->feed.opaque, gap->topic, gap->partition, &low, &high) != 0)
+        return true;
+    return low > gap->stored;
+}
+
+ces_pipeline_status_t ces_intake_check_resume(ces_pipeline_t *p, const char *topic,
+                                              int32_t partition, int64_t offset, bool eof,
+                                              char *errstr, size_t errstr_size) {
+    partition_t *part = ces_pipeline_partition(p, topic, partition, false);
+    ces_source_gap_t gap;
+    if (part == NULL ||
+        !ces_positions_check_resume(&part->pos, part->topic, partition, offset, eof, &gap))
+        return CES_PIPELINE_OK;
+    if (gap.skipped > 0 && !records_removed(p, &gap)) {
+        ces_log_info("%s[%d]: reading resumes at %lld, not at the stored %lld: the offsets between "
+                     "hold no records (transaction markers or compaction), no gap",
+                     part->topic, (int)partition, (long long)offset, (long long)gap.stored);
+        ces_positions_resume_checked(&part->pos, NULL);
+        return CES_PIPELINE_OK;
+    }
+    return source_gap(p, part, &gap, errstr, errstr_size);
+}
+
+ces_pipeline_status_t ces_intake_out_of_range(ces_pipeline_t *p, const char *topic,
+                                              int32_t partition, int64_t offset, char *errstr,
+                                              size_t errstr_size) {
+    partition_t *part = ces_pipeline_partition(p, topic, partition, false);
+    if (part == NULL)
+        return CES_PIPELINE_OK;
+    int64_t low = -1, high;
+    bool known = p->feed.watermarks != NULL &&
+                 p->feed.watermarks(p->feed.opaque, topic, partition, &low, &high) == 0;
+    ces_source_gap_t gap = {
+        .topic = part->topic,
+        .partition = partition,
+        .stored = offset,
+        .resumed = known ? low : offset,
+        .skipped = known && low > offset ? low - offset : -1,
+        .reason = "the broker holds no record at the stored position (auto.offset.reset=error)",
+    };
+    ces_pipeline_status_t st = source_gap(p, part, &gap, errstr, errstr_size);
+    if (st != CES_PIPELINE_OK)
+        return st;
+    if (!known || p->feed.seek == NULL ||
+        p->feed.seek(p->feed.opaque, part->topic, partition, low) != 0) {
+        snprintf(errstr, errstr_size, "%s[%d]: cannot move past the source gap at %lld",
+                 part->topic, (int)partition, (long long)offset);
+        return CES_PIPELINE_FATAL;
+    }
+    return CES_PIPELINE_OK;
 }
 
 int ces_intake_expire(ces_pipeline_t *p, int64_t now_ms) {

@@ -147,7 +147,16 @@ static ces_pipeline_status_t turn(ces_pipeline_t *p, loop_t *loop, int64_t now_m
             return st;
         return ces_flight_flush(p, errstr, errstr_size);
     case CES_POLL_EOF:
+        st = ces_intake_check_resume(p, rec.topic, rec.partition, rec.offset, true, errstr,
+                                     errstr_size);
+        if (st != CES_PIPELINE_OK)
+            return st;
         ces_release_partition_eof(p, rec.topic, rec.partition, rec.offset);
+        break;
+    case CES_POLL_OUT_OF_RANGE:
+        st = ces_intake_out_of_range(p, rec.topic, rec.partition, rec.offset, errstr, errstr_size);
+        if (st != CES_PIPELINE_OK)
+            return st;
         break;
     case CES_POLL_IDLE:
         break;
@@ -181,7 +190,7 @@ ces_pipeline_status_t ces_pipeline_run(ces_pipeline_t *p, const ces_pipeline_hoo
         turn_hook(&loop, now, false);
         st = turn(p, &loop, now, errstr, errstr_size);
     }
-    if (st == CES_PIPELINE_FATAL && p->flying) {
+    if ((st == CES_PIPELINE_FATAL || st == CES_PIPELINE_SOURCE_GAP) && p->flying) {
         /* What was sent before the failure is committed, as if it had been applied at once. */
         char why[256];
         if (ces_flight_complete(p, why, sizeof(why)) != CES_PIPELINE_OK)

@@ -1,6 +1,7 @@
 /*
  * main: the command line, signals, and the wiring of the stages. The only place that decides exit
- * codes: 0 clean stop or successful replay, 64 usage error, 78 configuration error, 1 anything else.
+ * codes: 0 clean stop or successful replay, 64 usage error, 65 a source gap stopped it, 78
+ * configuration error, 1 anything else.
  */
 #include <getopt.h>
 #include <malloc.h>
@@ -30,6 +31,9 @@
 
 #define EXIT_USAGE 64
 #define EXIT_CONFIG 78
+/* A gap at the source (kafka.on_source_gap = "stop"): restarting cannot fix it; an operator must
+ * re-seed or accept it. 65 is sysexits' EX_DATAERR; the systemd unit does not restart on it. */
+#define EXIT_SOURCE_GAP 65
 
 /* How often the loop's hook copies the gauges for /metrics (never per event). */
 #define METRICS_PUBLISH_MS 100
@@ -90,7 +94,8 @@ static void usage(FILE *out) {
             "  -h, --help          print this help\n"
             "\n"
             "Exit status: 0 clean stop (SIGTERM/SIGINT) or successful replay, 64 usage error,\n"
-            "78 configuration error, 1 any other fatal error.\n",
+            "65 a gap at the source stopped it (kafka.on_source_gap), 78 configuration error,\n"
+            "1 any other fatal error.\n",
             CES2PG_VERSION);
 }
 
@@ -122,6 +127,7 @@ static void fill_pipeline_options(const ces_config_t *c, bool store_offsets,
     memset(o, 0, sizeof(*o));
     o->decode_threads = decode_threads(c);
     o->poll_ms = (int)c->kafka_poll_ms;
+    o->stop_on_source_gap = strcmp(c->kafka_on_source_gap, "continue") != 0;
     o->batch_max_events = (size_t)c->apply_batch_max_events;
     o->batch_max_bytes = (size_t)c->apply_batch_max_bytes;
     o->batch_max_ms = c->apply_batch_max_ms;
@@ -253,6 +259,7 @@ static int run_replay(const char *path, char *const *files, size_t nfiles) {
         rc = 1;
         break;
     case CES_PIPELINE_FATAL:
+    case CES_PIPELINE_SOURCE_GAP: /* files have no stored positions: never */
         fprintf(stderr, "ces2pg: replay: %s\n", err);
         rc = 1;
         break;
@@ -521,6 +528,9 @@ static int serve(daemon_t *d) {
     case CES_PIPELINE_FATAL:
         ces_log_error("%s", err);
         return 1;
+    case CES_PIPELINE_SOURCE_GAP:
+        ces_log_error("%s", err);
+        return EXIT_SOURCE_GAP;
     default:
         return 0;
     }

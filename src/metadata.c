@@ -79,7 +79,19 @@ static void add_ddl(ces_strbuf_t *sql, const char *schema) {
                         "  PRIMARY KEY (relid, key));\n"
                         "CREATE INDEX IF NOT EXISTS tombstones_deleted_at ON ");
     ces_strbuf_add(sql, schema);
-    ces_strbuf_add(sql, ".tombstones (deleted_at);\n");
+    ces_strbuf_add(sql, ".tombstones (deleted_at);\n"
+                        "CREATE TABLE IF NOT EXISTS ");
+    ces_strbuf_add(sql, schema);
+    ces_strbuf_add(sql, ".source_gaps (\n"
+                        "  id bigserial PRIMARY KEY,\n"
+                        "  recorded_at timestamptz NOT NULL DEFAULT now(),\n"
+                        "  group_id text NOT NULL,\n"
+                        "  topic text NOT NULL,\n"
+                        "  partition integer NOT NULL,\n"
+                        "  stored_position bigint NOT NULL,\n"
+                        "  resumed_at bigint NOT NULL,\n"
+                        "  skipped_records bigint,\n"
+                        "  reason text NOT NULL);\n");
 }
 
 /* The quoted names and the dead-letter statement, for the session's connection. */

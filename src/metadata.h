@@ -2,8 +2,10 @@
  * metadata: ces2pg's own schema in the target database (apply.metadata_schema, "ces2pg").
  *
  * It holds offsets (the consumer positions, fenced: positions.h), dead_letters (what could not be
- * applied, with the record's bytes) and tombstones (the versions of deleted keys, so that an older
- * change resent late cannot bring a row back; see docs/semantics.md). The DDL is idempotent and
+ * applied, with the record's bytes), tombstones (the versions of deleted keys, so that an older
+ * change resent late cannot bring a row back; see docs/semantics.md) and source_gaps (stored
+ * positions that were gone from the broker, and where reading resumed: positions.h). The DDL is
+ * idempotent and
  * tolerates another instance running it at the same moment; it runs on every new connection.
  */
 #ifndef CES_METADATA_H

@@ -408,6 +408,15 @@ static void render_counters(ces_metrics_t *m, FILE *out) {
     for (int c = 0; c < CES_DL_NCLASSES; c++)
         fprintf(out, "ces2pg_dead_letters_total{reason=\"%s\"} %llu\n", ces_dl_class_name(c),
                 (unsigned long long)m->dead_letters[c]);
+    header(out, "ces2pg_source_gaps_total", "counter",
+           "Stored positions found gone at the broker (retention, a recreated topic): changes that "
+           "never reached PostgreSQL. See kafka.on_source_gap and the metadata schema's "
+           "source_gaps table.");
+    fprintf(out, "ces2pg_source_gaps_total %llu\n", (unsigned long long)st->source_gaps);
+    header(out, "ces2pg_source_gap_records_total", "counter",
+           "Records those gaps skipped, where the broker could tell.");
+    fprintf(out, "ces2pg_source_gap_records_total %llu\n",
+            (unsigned long long)st->source_gap_records);
     header(out, "ces2pg_late_events_total", "counter",
            "Events applied after their source transaction went to PostgreSQL without them "
            "(transaction mode: they came later than the reorder window).");

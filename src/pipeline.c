@@ -108,6 +108,7 @@ partition_t *ces_pipeline_partition(ces_pipeline_t *p, const char *topic, int32_
     }
     part->partition = partition;
     part->pos.stored = -1;
+    part->pos.expect_from = -1; /* nothing to check until an assignment says where to resume */
     return part;
 }
 

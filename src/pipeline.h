@@ -37,6 +37,7 @@ typedef struct {
     int64_t batch_max_ms;
     int poll_ms;        /* the longest wait for a record when nothing else is due */
     bool store_offsets; /* false for replay: positions of files are not stored */
+    bool stop_on_source_gap; /* kafka.on_source_gap = "stop": a gap stops the loop */
     ces_reasm_limits_t reasm;
     ces_ordering_t ordering;
     int64_t reorder_window_ms;     /* how long a caught-up partition must be quiet, at first */
@@ -74,6 +75,8 @@ typedef struct {
     size_t pending_segment_bytes; /* bytes held by segment groups */
     size_t pending_bytes;         /* memory of the events held for ordering */
     int64_t reorder_window_ms;    /* the effective reorder window; -1 in partition mode */
+    uint64_t source_gaps;         /* stored positions found gone at the broker */
+    uint64_t source_gap_records;  /* records they skipped, where known */
 } ces_pipeline_stats_t;
 
 typedef enum {
@@ -82,6 +85,8 @@ typedef enum {
     CES_PIPELINE_INTERRUPTED, /* a stop was requested while PostgreSQL was retried: the batch
                                * being applied was rolled back (it is read again) */
     CES_PIPELINE_FATAL,
+    CES_PIPELINE_SOURCE_GAP, /* a stored position was gone at the broker and kafka.on_source_gap
+                              * is "stop": errstr says what happened and what to do */
 } ces_pipeline_status_t;
 
 /* What the loop tells its owner. Every member may be NULL. */
@@ -114,7 +119,8 @@ void ces_pipeline_set_feed(ces_pipeline_t *pipeline, const ces_feed_t *feed);
  * groups become dead letters; returns CES_PIPELINE_OK), *stop is set (what is complete is applied;
  * CES_PIPELINE_STOPPED, or CES_PIPELINE_INTERRUPTED when PostgreSQL was being retried), or
  * something fails for good (CES_PIPELINE_FATAL; the batch in flight is completed first). errstr
- * says why when the status is neither OK nor STOPPED. hooks may be NULL.
+ * says why when the status is neither OK nor STOPPED (CES_PIPELINE_SOURCE_GAP: a gap at the source
+ * stopped it, and the batch in flight is completed too). hooks may be NULL.
  */
 ces_pipeline_status_t ces_pipeline_run(ces_pipeline_t *pipeline, const ces_pipeline_hooks_t *hooks,
                                        volatile sig_atomic_t *stop, char *errstr,

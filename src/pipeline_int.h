@@ -161,6 +161,21 @@ ces_pipeline_status_t ces_intake_add(ces_pipeline_t *p, const ces_record_t *reco
                                      int64_t now_ms, char *errstr, size_t errstr_size);
 /* Releases the records staged and not taken in (they are read again). */
 void ces_intake_drop(ces_pipeline_t *p);
+/*
+ * Reading of topic[partition] resumed at offset (its first record, or eof: its end): a source gap
+ * when that is not where it was to resume after an assignment or a rewind (positions.h). A gap is
+ * logged and counted; it stops the loop (CES_PIPELINE_SOURCE_GAP, what to do in errstr) or, with
+ * kafka.on_source_gap = "continue", is recorded with the batch whose position moves past it.
+ */
+ces_pipeline_status_t ces_intake_check_resume(ces_pipeline_t *p, const char *topic,
+                                              int32_t partition, int64_t offset, bool eof,
+                                              char *errstr, size_t errstr_size);
+/* The broker has no record at offset of topic[partition], and librdkafka stopped the partition
+ * (auto.offset.reset=error): a source gap, which stops the loop or moves the partition on to the
+ * first record the broker holds. */
+ces_pipeline_status_t ces_intake_out_of_range(ces_pipeline_t *p, const char *topic,
+                                              int32_t partition, int64_t offset, char *errstr,
+                                              size_t errstr_size);
 /* Segment groups older than reassembly.timeout_ms become dead letters. Returns 0 or -1 (memory). */
 int ces_intake_expire(ces_pipeline_t *p, int64_t now_ms);
 /* The input ended: every incomplete segment group becomes dead letters. Returns 0 or -1. */

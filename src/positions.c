@@ -16,7 +16,10 @@
 
 void ces_positions_on_assign(ces_partition_position_t *pos, const char *topic,
                              int32_t partition, int64_t stored) {
-    *pos = (ces_partition_position_t){.has_stored = stored >= 0, .stored = stored};
+    /* A first start (no stored position) has nothing to check: Kafka's committed offset or
+     * auto.offset.reset decide where it begins. */
+    *pos = (ces_partition_position_t){
+        .has_stored = stored >= 0, .stored = stored, .expect_from = stored >= 0 ? stored : -1};
     if (stored >= 0)
         ces_log_info("%s[%d]: resuming at offset %lld stored in PostgreSQL", topic,
                      (int)partition, (long long)stored);
@@ -27,7 +30,46 @@ void ces_positions_on_assign(ces_partition_position_t *pos, const char *topic,
 }
 
 void ces_positions_on_revoke(ces_partition_position_t *pos) {
-    *pos = (ces_partition_position_t){.stored = -1};
+    *pos = (ces_partition_position_t){.stored = -1, .expect_from = -1};
+}
+
+bool ces_positions_check_resume(ces_partition_position_t *pos, const char *topic,
+                                int32_t partition, int64_t offset, bool eof,
+                                ces_source_gap_t *gap) {
+    if (pos->expect_from < 0 || offset == pos->expect_from) {
+        if (!eof) /* the end being there is no record: the first one is still to come */
+            pos->expect_from = -1;
+        return false;
+    }
+    *gap = (ces_source_gap_t){
+        .topic = topic,
+        .partition = partition,
+        .stored = pos->expect_from,
+        .resumed = offset,
+        .skipped = offset > pos->expect_from ? offset - pos->expect_from : -1,
+        .reason = offset > pos->expect_from
+                      ? "the records from the stored position on were no longer at the broker "
+                        "(retention, or records deleted)"
+                      : "the stored position is past the end of the partition (the topic was "
+                        "recreated or truncated)",
+    };
+    return true;
+}
+
+void ces_positions_resume_checked(ces_partition_position_t *pos, const ces_source_gap_t *gap) {
+    pos->expect_from = -1;
+    if (gap != NULL) {
+        pos->gap = *gap;
+        pos->gap_pending = true;
+        pos->gap_sent = false;
+    }
+}
+
+const ces_source_gap_t *ces_positions_gap_to_store(ces_partition_position_t *pos) {
+    if (!pos->gap_pending || pos->gap_sent)
+        return NULL;
+    pos->gap_sent = true;
+    return &pos->gap;
 }
 
 void ces_positions_on_read(ces_partition_position_t *pos, int64_t offset) {
@@ -57,6 +99,8 @@ bool ces_positions_to_store(const ces_partition_position_t *pos, const char *top
 void ces_positions_on_commit(ces_partition_position_t *pos, int64_t next) {
     pos->has_stored = true;
     pos->stored = next;
+    if (pos->gap_pending && pos->gap_sent && next >= pos->gap.resumed)
+        pos->gap_pending = pos->gap_sent = false; /* recorded with this batch */
     /* Held records kept it short of what was read: those still count as not stored. */
     pos->dirty = pos->next != next;
 }
@@ -72,6 +116,9 @@ int64_t ces_positions_on_rewind(ces_partition_position_t *pos, int64_t stored) {
     pos->next = target;
     if (target < pos->first)
         pos->first = target;
+    /* Read again from there, and checked again: a gap not recorded yet is found again. */
+    pos->expect_from = stored >= 0 ? target : -1;
+    pos->gap_pending = pos->gap_sent = false;
     return target;
 }
 
@@ -87,6 +134,7 @@ struct ces_positions_s {
     char *group_id;
     char *sql_update;
     char *sql_read;
+    char *sql_gap;
 };
 
 ces_positions_t *ces_positions_new(const char *group_id) {
@@ -106,11 +154,12 @@ void ces_positions_destroy(ces_positions_t *p) {
     free(p->group_id);
     free(p->sql_update);
     free(p->sql_read);
+    free(p->sql_gap);
     free(p);
 }
 
 int ces_positions_set_schema(ces_positions_t *p, const char *schema_quoted) {
-    ces_strbuf_t update = {0}, read = {0};
+    ces_strbuf_t update = {0}, read = {0}, gap = {0};
     /* The fence: the position is stored only over the one this instance read ($5; NULL: none).
      * If another instance moved it, nothing is stored and the division by zero
      * (ERRCODE_DIVISION_BY_ZERO, recognised by ces_positions_fence_raised as the sender drains the
@@ -125,16 +174,23 @@ int ces_positions_set_schema(ces_positions_t *p, const char *schema_quoted) {
     ces_strbuf_add(&read, "SELECT partition, next_offset FROM ");
     ces_strbuf_add(&read, schema_quoted);
     ces_strbuf_add(&read, ".offsets WHERE group_id = $1 AND topic = $2");
+    ces_strbuf_add(&gap, "INSERT INTO ");
+    ces_strbuf_add(&gap, schema_quoted);
+    ces_strbuf_add(&gap, ".source_gaps (group_id, topic, partition, stored_position, resumed_at,"
+                         " skipped_records, reason) VALUES ($1, $2, $3, $4, $5, $6, $7)");
     free(p->sql_update);
     free(p->sql_read);
-    p->sql_update = p->sql_read = NULL;
-    if (update.failed || read.failed) {
+    free(p->sql_gap);
+    p->sql_update = p->sql_read = p->sql_gap = NULL;
+    if (update.failed || read.failed || gap.failed) {
         ces_strbuf_free(&update);
         ces_strbuf_free(&read);
+        ces_strbuf_free(&gap);
         return -1;
     }
     p->sql_update = update.buf;
     p->sql_read = read.buf;
+    p->sql_gap = gap.buf;
     return 0;
 }
 
@@ -150,6 +206,23 @@ void ces_positions_update_params(const ces_positions_t *p, const ces_offset_upda
     params->values[2] = params->partition;
     params->values[3] = params->next;
     params->values[4] = o->has_expected ? params->expected : NULL;
+}
+
+const char *ces_positions_gap_sql(const ces_positions_t *p) { return p->sql_gap; }
+
+void ces_positions_gap_params(const ces_positions_t *p, const ces_source_gap_t *gap,
+                              ces_positions_gap_params_t *params) {
+    snprintf(params->partition, sizeof(params->partition), "%d", (int)gap->partition);
+    snprintf(params->stored, sizeof(params->stored), "%lld", (long long)gap->stored);
+    snprintf(params->resumed, sizeof(params->resumed), "%lld", (long long)gap->resumed);
+    snprintf(params->skipped, sizeof(params->skipped), "%lld", (long long)gap->skipped);
+    params->values[0] = p->group_id;
+    params->values[1] = gap->topic;
+    params->values[2] = params->partition;
+    params->values[3] = params->stored;
+    params->values[4] = params->resumed;
+    params->values[5] = gap->skipped >= 0 ? params->skipped : NULL;
+    params->values[6] = gap->reason;
 }
 
 bool ces_positions_fence_raised(const PGresult *res) {

@@ -42,11 +42,35 @@ typedef struct {
     int64_t next;    /* the offset after the last record read */
     int64_t first;   /* the first offset read since the assignment (has_next) */
     bool dirty;      /* records were read since the last stored position */
+    /* Where reading must resume: the position asked for at assignment or after a rewind, until the
+     * first record shows it did (or did not: a source gap). -1: nothing to check (a first start,
+     * or checked already). */
+    int64_t expect_from;
+    bool gap_pending; /* a source gap to record with the position that moves past it */
+    bool gap_sent;    /* ... it went with a batch that has not committed yet */
+    ces_source_gap_t gap;
 } ces_partition_position_t;
 
 /* The partition was assigned with stored (-1: PostgreSQL has none). Logs where reading resumes. */
 void ces_positions_on_assign(ces_partition_position_t *pos, const char *topic,
                              int32_t partition, int64_t stored);
+
+/*
+ * The first record read after an assignment or a rewind is at offset (or, eof, the partition's end
+ * is there). Returns false when that is where reading was to resume, or nothing was to be checked;
+ * true with *gap filled (topic referred to) when it is elsewhere: a source gap, unless the records
+ * in between are not data (the caller asks the broker). Records past the end of what the broker
+ * holds are a gap of unknown size (skipped -1).
+ */
+bool ces_positions_check_resume(ces_partition_position_t *pos, const char *topic,
+                                int32_t partition, int64_t offset, bool eof,
+                                ces_source_gap_t *gap);
+/* The caller judged the resume check: a gap (accepted: it is recorded with the next position that
+ * moves past it), or no gap after all. Either way nothing more is checked until the next
+ * assignment or rewind. */
+void ces_positions_resume_checked(ces_partition_position_t *pos, const ces_source_gap_t *gap);
+/* A source gap to record with a batch that stores update, once; NULL when none. */
+const ces_source_gap_t *ces_positions_gap_to_store(ces_partition_position_t *pos);
 
 /* The partition was taken away: nothing of it is known any more. */
 void ces_positions_on_revoke(ces_partition_position_t *pos);
@@ -62,7 +86,8 @@ void ces_positions_on_read(ces_partition_position_t *pos, int64_t offset);
 bool ces_positions_to_store(const ces_partition_position_t *pos, const char *topic,
                             int32_t partition, int64_t held, ces_offset_update_t *update);
 
-/* A batch that stored next for the partition committed: next is the fence now. */
+/* A batch that stored next for the partition committed: next is the fence now (and a gap it moved
+ * past is recorded). */
 void ces_positions_on_commit(ces_partition_position_t *pos, int64_t next);
 
 /*
@@ -119,6 +144,24 @@ const char *ces_positions_update_sql(const ces_positions_t *positions);
 /* Fills params for update (whose strings must outlive params' use). */
 void ces_positions_update_params(const ces_positions_t *positions,
                                  const ces_offset_update_t *update, ces_positions_params_t *params);
+/* A source gap's row in <metadata schema>.source_gaps: $1 group ... $7 reason. As for the update,
+ * values point into the struct itself. */
+#define CES_POSITIONS_GAP_NPARAMS 7
+
+typedef struct {
+    const char *values[CES_POSITIONS_GAP_NPARAMS];
+    char partition[16];
+    char stored[24];
+    char resumed[24];
+    char skipped[24];
+} ces_positions_gap_params_t;
+
+/* The statement that records a gap. Owned by positions; NULL before ces_positions_set_schema. */
+const char *ces_positions_gap_sql(const ces_positions_t *positions);
+/* Fills params for gap (whose strings must outlive params' use). */
+void ces_positions_gap_params(const ces_positions_t *positions, const ces_source_gap_t *gap,
+                              ces_positions_gap_params_t *params);
+
 /* True when res is the fenced update's refusal (its division by zero). */
 bool ces_positions_fence_raised(const PGresult *res);
 

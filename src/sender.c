@@ -844,6 +844,15 @@ int ces_sender_positions(ces_sender_t *s, const ces_batch_t *batch) {
                  PEND_OFFSET, (long)i, NULL) != 0)
             return -1;
     }
+    for (size_t i = 0; i < batch->ngaps; i++) {
+        ces_positions_gap_params_t params;
+        ces_positions_gap_params(s->positions, &batch->gaps[i], &params);
+        if (sent(s,
+                 PQsendQueryParams(conn_of(s), ces_positions_gap_sql(s->positions),
+                                   CES_POSITIONS_GAP_NPARAMS, NULL, params.values, NULL, NULL, 0),
+                 PEND_OTHER, -1, NULL) != 0)
+            return -1;
+    }
     return 0;
 }
 

@@ -43,6 +43,14 @@ static void assert_property(const ces_config_t *c, const char *name, const char 
         fail_msg("%s is '%s', expected '%s'", name, value, expected);
 }
 
+/* Asserts that nobody gives librdkafka's property name a value. */
+static void assert_unset(const ces_config_t *c, const char *name) {
+    char value[512], err[512];
+    assert_int_equal(ces_consumer_property(c, name, value, sizeof(value), err, sizeof(err)),
+                     CES_CONSUMER_CONFIG);
+    assert_non_null(strstr(err, "no value"));
+}
+
 /* Asserts that config is refused with a message holding want (and not secret, when given). */
 static void assert_refused(const ces_config_t *c, const char *want, const char *secret) {
     char value[64], err[512];
@@ -71,6 +79,35 @@ static void plain_broker_gets_ces2pg_defaults(void **state) {
     assert_property(c, "queued.max.messages.kbytes", "8192");
     assert_property(c, "enable.partition.eof", "true");
     assert_property(c, "security.protocol", "plaintext"); /* librdkafka's own default */
+    /* Rebalances move only what changes owner; a vanished member is noticed within 10 s. */
+    assert_property(c, "partition.assignment.strategy", "cooperative-sticky");
+    assert_property(c, "session.timeout.ms", "10000");
+    assert_property(c, "heartbeat.interval.ms", "3000");
+    assert_unset(c, "group.instance.id"); /* dynamic membership unless asked */
+    ces_config_destroy(c);
+}
+
+/* kafka.group_instance_id, else $CES2PG_GROUP_INSTANCE_ID, is the static group membership id;
+ * "" turns it off; setting it through kafka.properties is refused. */
+static void static_membership_from_key_or_environment(void **state) {
+    (void)state;
+    unsetenv(CES_CONFIG_GROUP_INSTANCE_ENV);
+    ces_config_t *c = load("brokers = \"b:1\"; topics = [\"ces\"]; group_id = \"g\";\n"
+                           "group_instance_id = \"host-a\";");
+    assert_property(c, "group.instance.id", "host-a");
+    ces_config_destroy(c);
+    setenv(CES_CONFIG_GROUP_INSTANCE_ENV, "host-b:ces2pg", 1);
+    c = load("brokers = \"b:1\"; topics = [\"ces\"]; group_id = \"g\";");
+    assert_property(c, "group.instance.id", "host-b:ces2pg");
+    ces_config_destroy(c);
+    c = load("brokers = \"b:1\"; topics = [\"ces\"]; group_id = \"g\";\n"
+             "group_instance_id = \"\";");
+    assert_unset(c, "group.instance.id");
+    ces_config_destroy(c);
+    unsetenv(CES_CONFIG_GROUP_INSTANCE_ENV);
+    c = load("brokers = \"b:1\"; topics = [\"ces\"]; group_id = \"g\";\n"
+             "properties = [ \"group.instance.id=x\" ];");
+    assert_refused(c, ":3: kafka.properties: 'group.instance.id' is set by ces2pg itself", NULL);
     ces_config_destroy(c);
 }
 
@@ -105,6 +142,11 @@ static void eventhubs_mode_sets_sasl_and_microsofts_settings(void **state) {
     assert_property(c, "heartbeat.interval.ms", "3000");
     assert_property(c, "max.poll.interval.ms", "300000");
     assert_property(c, "session.timeout.ms", "45000"); /* overridden in kafka.properties */
+    ces_config_destroy(c);
+    c = load("eventhubs_connection_string = \"Endpoint=sb://ns1.servicebus.windows.net/;"
+             "SharedAccessKeyName=listen;SharedAccessKey=c2VjcmV0LWtleS12YWx1ZQ==\";\n"
+             "topics = [\"hub\"]; group_id = \"g\";");
+    assert_property(c, "session.timeout.ms", "30000"); /* Microsoft's, over ces2pg's default */
     ces_config_destroy(c);
 }
 
@@ -157,6 +199,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(plain_broker_gets_ces2pg_defaults),
         cmocka_unit_test(properties_override_defaults_but_not_what_ces2pg_forces),
+        cmocka_unit_test(static_membership_from_key_or_environment),
         cmocka_unit_test(eventhubs_mode_sets_sasl_and_microsofts_settings),
         cmocka_unit_test(reserved_properties_are_refused_with_file_and_line),
         cmocka_unit_test(invalid_values_name_the_line),

@@ -106,6 +106,64 @@ static void revoke_forgets_everything(void **state) {
     assert_int_equal(ces_positions_on_rewind(&pos, 7), -1);
 }
 
+/* Where reading resumes after an assignment is checked once, against the stored position. */
+static void resume_is_checked_against_the_stored_position(void **state) {
+    (void)state;
+    ces_partition_position_t pos;
+    ces_source_gap_t gap;
+    ces_positions_on_assign(&pos, "t", 0, 100);
+    /* The end of the partition at the stored position: nothing read yet, still to check. */
+    assert_false(ces_positions_check_resume(&pos, "t", 0, 100, true, &gap));
+    assert_false(ces_positions_check_resume(&pos, "t", 0, 100, false, &gap));
+    /* Checked: later records are not looked at. */
+    assert_false(ces_positions_check_resume(&pos, "t", 0, 5000, false, &gap));
+
+    ces_positions_on_assign(&pos, "t", 0, 100);
+    assert_true(ces_positions_check_resume(&pos, "t", 0, 150, false, &gap));
+    assert_int_equal(gap.stored, 100);
+    assert_int_equal(gap.resumed, 150);
+    assert_int_equal(gap.skipped, 50);
+    ces_positions_on_assign(&pos, "t", 0, 100);
+    assert_true(ces_positions_check_resume(&pos, "t", 0, 7, false, &gap)); /* past the end */
+    assert_int_equal(gap.skipped, -1);
+    ces_positions_on_assign(&pos, "t", 0, 100);
+    assert_true(ces_positions_check_resume(&pos, "t", 0, 120, true, &gap)); /* reset to latest */
+    assert_int_equal(gap.skipped, 20);
+    /* A first start has nothing to check. */
+    ces_positions_on_assign(&pos, "t", 0, -1);
+    assert_false(ces_positions_check_resume(&pos, "t", 0, 9999, false, &gap));
+}
+
+/* An accepted gap goes with the first batch that stores a position past it, once, and is done
+ * when that batch commits; a rewind checks again. */
+static void accepted_gap_goes_with_the_position_past_it(void **state) {
+    (void)state;
+    ces_partition_position_t pos;
+    ces_source_gap_t gap;
+    ces_offset_update_t u;
+    ces_positions_on_assign(&pos, "t", 0, 100);
+    assert_true(ces_positions_check_resume(&pos, "t", 0, 150, false, &gap));
+    ces_positions_resume_checked(&pos, &gap);
+    read_records(&pos, 150, 160);
+    assert_true(ces_positions_to_store(&pos, "t", 0, NONE, &u));
+    assert_int_equal(u.expected, 100);
+    assert_int_equal(u.next, 160);
+    const ces_source_gap_t *g = ces_positions_gap_to_store(&pos);
+    assert_non_null(g);
+    assert_int_equal(g->resumed, 150);
+    assert_null(ces_positions_gap_to_store(&pos)); /* in a batch already */
+    ces_positions_on_commit(&pos, 160);
+    assert_false(pos.gap_pending);
+    /* The fence refused a batch and reading goes back: checked again from the stored position. */
+    read_records(&pos, 160, 170);
+    assert_int_equal(ces_positions_on_rewind(&pos, 160), 160);
+    assert_true(ces_positions_check_resume(&pos, "t", 0, 165, false, &gap));
+    assert_int_equal(gap.stored, 160);
+    /* Judged no gap (the offsets between hold no records): nothing to record. */
+    ces_positions_resume_checked(&pos, NULL);
+    assert_null(ces_positions_gap_to_store(&pos));
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(fresh_partition_stores_after_what_it_read),
@@ -113,6 +171,8 @@ int main(void) {
         cmocka_unit_test(rewind_goes_back_to_the_stored_position),
         cmocka_unit_test(rewind_without_stored_position_restarts_at_the_first_record_read),
         cmocka_unit_test(revoke_forgets_everything),
+        cmocka_unit_test(resume_is_checked_against_the_stored_position),
+        cmocka_unit_test(accepted_gap_goes_with_the_position_past_it),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
