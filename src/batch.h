@@ -51,6 +51,9 @@ typedef struct {
     int64_t offset;
 } ces_source_t;
 
+/* Says whether a record's source is one of a set (e.g. the partitions being revoked). */
+typedef bool (*ces_source_pred_t)(void *arg, const ces_source_t *source);
+
 typedef struct {
     ces_item_kind_t kind;
     ces_source_t source;

@@ -164,6 +164,53 @@ static void txn_free(txn_t *t) {
     free(t);
 }
 
+/* 1: every record of item is from a source pred picks, 0: none is, -1: some are. */
+static int item_picked(const ces_item_t *item, ces_source_pred_t pred, void *arg) {
+    size_t n = 0;
+    for (size_t m = 0; m <= item->nmore_sources; m++)
+        n += pred(arg, m == 0 ? &item->source : &item->more_sources[m - 1]) ? 1 : 0;
+    return n == 0 ? 0 : n == item->nmore_sources + 1 ? 1 : -1;
+}
+
+long ces_order_drop_sources(ces_order_t *o, ces_source_pred_t pred, void *arg) {
+    for (size_t i = 0; i < o->count; i++) {
+        const txn_t *t = o->txns[o->head + i];
+        for (size_t k = 0; k < t->count; k++) {
+            if (item_picked(&t->items[k], pred, arg) < 0)
+                return -1;
+        }
+    }
+    long dropped = 0;
+    size_t kept_txns = 0;
+    for (size_t i = 0; i < o->count; i++) {
+        txn_t *t = o->txns[o->head + i];
+        size_t kept = 0;
+        for (size_t k = 0; k < t->count; k++) {
+            ces_item_t *item = &t->items[k];
+            if (item_picked(item, pred, arg) == 0) {
+                t->items[kept++] = *item;
+                continue;
+            }
+            size_t bytes = ces_arena_footprint(item->arena);
+            track_offsets(o, item, false);
+            ces_arena_destroy(item->arena);
+            t->bytes -= bytes;
+            o->bytes -= bytes;
+            o->events--;
+            dropped++;
+        }
+        t->count = kept;
+        if (kept == 0)
+            txn_free(t);
+        else
+            o->txns[o->head + kept_txns++] = t;
+    }
+    o->count = kept_txns;
+    if (o->count == 0)
+        o->head = 0;
+    return dropped;
+}
+
 void ces_order_clear(ces_order_t *o) {
     for (size_t i = 0; i < o->count; i++)
         txn_free(o->txns[o->head + i]);

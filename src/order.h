@@ -54,6 +54,14 @@ void ces_order_committed(ces_order_t *order, const ces_batch_t *batch);
 bool ces_order_min_offset(ces_order_t *order, const char *topic, int32_t partition,
                           int64_t *offset);
 
+/*
+ * Drops the held events whose records all came from sources pred picks (the partitions being
+ * revoked), and returns how many; transactions left empty go. When an event joined from segments
+ * mixes such records with others, drops nothing and returns -1 (the caller goes back to the stored
+ * positions instead). The transactions' other events stay held: their partitions are still ours.
+ */
+long ces_order_drop_sources(ces_order_t *order, ces_source_pred_t pred, void *arg);
+
 /* Drops everything held (after a rewind or revocation). */
 void ces_order_clear(ces_order_t *order);
 

@@ -170,20 +170,33 @@ int ces_pipeline_on_assigned(void *opaque, const char *topic, const int32_t *par
     return 0;
 }
 
+/* The partitions of one revocation: a source predicate. */
+typedef struct {
+    const char *topic;
+    const int32_t *partitions;
+    size_t n;
+} revoked_t;
+
+static bool is_revoked(void *arg, const ces_source_t *source) {
+    const revoked_t *r = arg;
+    for (size_t i = 0; i < r->n; i++) {
+        if (r->partitions[i] == source->partition && strcmp(r->topic, source->topic) == 0)
+            return true;
+    }
+    return false;
+}
+
 int ces_pipeline_on_revoked(void *opaque, const char *topic, const int32_t *partitions, size_t n) {
     ces_pipeline_t *p = opaque;
     char err[512];
     if (take_staged_before_rebalance(p) != 0)
         return -1;
     /* Commit what is complete while the partitions are still ours (the fence refuses it if they
-     * are not), then forget them. Segments waiting for reassembly are dropped: the positions stored
-     * never passed them, so whoever owns the partitions next reads them again. */
+     * are not), then forget them. */
     if (ces_flight_flush(p, err, sizeof(err)) == CES_PIPELINE_FATAL) {
         ces_log_error("committing before revocation: %s", err);
         return -1;
     }
-    /* Held transactions and segments may cover the revoked partitions: drop them all and go back to
-     * the stored positions of the partitions we keep (nothing past a held record was stored). */
     for (size_t i = 0; i < n; i++) {
         partition_t *part = ces_pipeline_partition(p, topic, partitions[i], false);
         if (part != NULL) {
@@ -194,10 +207,25 @@ int ces_pipeline_on_revoked(void *opaque, const char *topic, const int32_t *part
             part->paused = false;
         }
     }
-    bool holding = ces_reasm_pending_groups(p->reasm) > 0 ||
-                   (p->order != NULL && ces_order_pending_events(p->order) > 0);
-    if (holding && ces_flight_rewind(p, err, sizeof(err)) != CES_PIPELINE_OK)
-        ces_log_warning("going back before revocation: %s", err);
+    /* What is held for the revoked partitions goes (their positions never passed it: the next
+     * owner reads it again); what is held for the partitions we keep stays, and they read on. An
+     * event joined from segments of a revoked partition and a kept one cannot be split: then
+     * every partition goes back to its stored position. */
+    revoked_t r = {topic, partitions, n};
+    long segments = ces_reasm_drop_sources(p->reasm, is_revoked, &r);
+    long events = 0;
+    if (segments >= 0 && p->order != NULL)
+        events = ces_order_drop_sources(p->order, is_revoked, &r);
+    if (segments < 0 || events < 0) {
+        ces_log_info("a held event joins segments of a revoked partition and of one kept: going "
+                     "back to the stored positions");
+        if (ces_flight_rewind(p, err, sizeof(err)) != CES_PIPELINE_OK)
+            ces_log_warning("going back before revocation: %s", err);
+    } else if (segments > 0 || events > 0) {
+        ces_log_debug("revoked %zu partition(s) of %s: dropped %ld held event(s) and %ld segment "
+                      "group(s) of theirs",
+                      n, topic, events, segments);
+    }
     return 0;
 }
 

@@ -286,6 +286,40 @@ ces_reasm_group_t *ces_reasm_expire(ces_reasm_t *r, int64_t now_ms) {
     return NULL;
 }
 
+/* 1: every segment of g is from a source pred picks, 0: none is, -1: some are. */
+static int picked(const group_t *g, ces_source_pred_t pred, void *arg) {
+    size_t n = 0;
+    for (size_t i = 0; i < g->g.count; i++)
+        n += pred(arg, &g->g.segments[i].source) ? 1 : 0;
+    return n == 0 ? 0 : n == g->g.count ? 1 : -1;
+}
+
+long ces_reasm_drop_sources(ces_reasm_t *r, ces_source_pred_t pred, void *arg) {
+    for (const group_t *g = r->head; g != NULL; g = g->next) {
+        if (picked(g, pred, arg) < 0)
+            return -1;
+    }
+    long dropped = 0;
+    for (group_t **pp = &r->head; *pp != NULL;) {
+        group_t *g = *pp;
+        if (picked(g, pred, arg) == 0) {
+            pp = &g->next;
+            continue;
+        }
+        *pp = g->next;
+        r->bytes -= g->bytes;
+        r->ngroups--;
+        for (size_t i = 0; i < g->g.count; i++)
+            ces_arena_destroy(g->g.segments[i].arena);
+        free(g->g.segments);
+        free(g->g.logicalid);
+        free(g->g.data);
+        free(g);
+        dropped++;
+    }
+    return dropped;
+}
+
 ces_reasm_group_t *ces_reasm_take_any(ces_reasm_t *r) {
     return r->head ? hand_back(r, r->head) : NULL;
 }

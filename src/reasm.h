@@ -85,6 +85,13 @@ bool ces_reasm_min_offset(const ces_reasm_t *reasm, const char *topic, int32_t p
  * again and must not count as duplicates). */
 void ces_reasm_forget_completed(ces_reasm_t *reasm);
 
+/*
+ * Drops the groups whose segments all came from sources pred picks, and returns how many; or, when
+ * a group mixes such segments with others, drops nothing and returns -1 (the caller must go back
+ * to the stored positions of every partition involved instead).
+ */
+long ces_reasm_drop_sources(ces_reasm_t *reasm, ces_source_pred_t pred, void *arg);
+
 /* Hands back every group, one per call, or NULL (on revocation: they will be read again). */
 ces_reasm_group_t *ces_reasm_take_any(ces_reasm_t *reasm);
 

@@ -276,8 +276,56 @@ static void dedup_window_survives_churn(void **state) {
     ces_order_destroy(o);
 }
 
+static bool partition_one(void *arg, const ces_source_t *source) {
+    (void)arg;
+    return source->partition == 1 && strcmp(source->topic, "ces") == 0;
+}
+
+/* A revocation drops only what the revoked partition holds: transactions keep their events of
+ * other partitions, and transactions left empty go. An event joined from records of both cannot be
+ * split: nothing is dropped, and the caller must go back. */
+static void drops_a_revoked_partitions_events(void **state) {
+    (void)state;
+    ces_order_t *o = ces_order_new(16);
+    ces_item_t a1 = item(1, 100, 1, 0, 4), a2 = item(1, 100, 2, 1, 10), b1 = item(1, 200, 1, 1, 11),
+               c1 = item(1, 300, 1, 0, 5);
+    assert_non_null(ces_arena_alloc(a2.arena, 1000)); /* memory the drop must give back */
+    assert_int_equal(ces_order_add(o, &a1), CES_ORDER_HELD);
+    assert_int_equal(ces_order_add(o, &a2), CES_ORDER_HELD);
+    assert_int_equal(ces_order_add(o, &b1), CES_ORDER_HELD);
+    assert_int_equal(ces_order_add(o, &c1), CES_ORDER_HELD);
+    size_t bytes = ces_order_pending_bytes(o);
+    assert_int_equal(ces_order_drop_sources(o, partition_one, NULL), 2);
+    assert_int_equal(ces_order_pending_events(o), 2);
+    assert_int_equal(ces_order_pending_transactions(o), 2); /* 200 had only partition 1's */
+    assert_true(ces_order_pending_bytes(o) < bytes);
+    int64_t off;
+    assert_false(ces_order_min_offset(o, "ces", 1, &off));
+    assert_true(ces_order_min_offset(o, "ces", 0, &off));
+    assert_int_equal(off, 4);
+    ces_batch_t batch = {0};
+    assert_int_equal(ces_order_pop_oldest(o, &batch), 1); /* 100 without its partition 1 event */
+    assert_int_equal(batch.items[0].source.partition, 0);
+    assert_int_equal(ces_order_pop_oldest(o, &batch), 1);
+    assert_int_equal(batch.items[1].event.position.commit_lsn.low, 300);
+    ces_batch_clear(&batch);
+    ces_batch_free(&batch);
+
+    /* An event joined from a segment on partition 0 and one on partition 1. */
+    ces_item_t j = item(1, 400, 1, 0, 6);
+    ces_source_t *more = ces_arena_alloc(j.arena, sizeof(*more));
+    *more = (ces_source_t){"ces", 1, 12};
+    j.more_sources = more;
+    j.nmore_sources = 1;
+    assert_int_equal(ces_order_add(o, &j), CES_ORDER_HELD);
+    assert_int_equal(ces_order_drop_sources(o, partition_one, NULL), -1);
+    assert_int_equal(ces_order_pending_events(o), 1);
+    ces_order_destroy(o);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(drops_a_revoked_partitions_events),
         cmocka_unit_test(groups_and_orders),
         cmocka_unit_test(min_offsets_follow_what_is_held),
         cmocka_unit_test(duplicates_held_and_committed),

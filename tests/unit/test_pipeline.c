@@ -591,9 +591,51 @@ static void out_of_order_partition_does_not_grow_the_window(void **state) {
     ces_pipeline_destroy(p);
 }
 
+/* Revoking partition 1 drops only what it holds: transaction 10 keeps its event of partition 0,
+ * which goes once partition 0 allows it (partition 1 is not ours to wait for any more), and
+ * partition 0 is not sent back anywhere. */
+static void revocation_drops_only_the_revoked_partitions_work(void **state) {
+    (void)state;
+    ces_pipeline_options_t o = {
+        .batch_max_events = 1000,
+        .batch_max_ms = 100,
+        .store_offsets = false, /* no PostgreSQL here: nothing to commit at the revocation */
+        .reasm = {1 << 20, 100, 5000},
+        .ordering = CES_ORDER_BY_TRANSACTION,
+        .reorder_window_ms = WINDOW,
+        .dedup_window = 100,
+        .decode_threads = 1,
+    };
+    ces_pipeline_t *p = ces_pipeline_new(&o, decoder, NULL);
+    assert_non_null(p);
+    int32_t parts[2] = {0, 1};
+    int64_t offsets[2];
+    assert_int_equal(ces_pipeline_on_assigned(p, "ces", parts, 2, offsets), 0);
+    feed(p, 0, 0, 10, 1, 1, 0);
+    feed(p, 1, 0, 10, 2, 2, 0);
+    feed(p, 0, 1, 30, 1, 4, 0);
+    tick(p, 0);
+    assert_int_equal(ces_pipeline_batch_events(p), 0); /* partition 1 may still add to 10 */
+    ces_pipeline_stats_t st;
+    ces_pipeline_get_stats(p, &st);
+    assert_int_equal(st.pending_events, 3);
+    int32_t revoked[1] = {1};
+    assert_int_equal(ces_pipeline_on_revoked(p, "ces", revoked, 1), 0);
+    ces_pipeline_get_stats(p, &st);
+    assert_int_equal(st.pending_events, 2); /* partition 0's events of 10 and 30 */
+    assert_int_equal(st.pending_transactions, 2);
+    tick(p, 0);
+    /* 10 goes (partition 0 passed it); 30 waits for partition 0 to pass it or be quiet. */
+    assert_int_equal(ces_pipeline_batch_events(p), 1);
+    assert_int_equal(ces_pipeline_batch_item(p, 0)->source.partition, 0);
+    assert_int_equal(seq_at(p, 0), 1);
+    ces_pipeline_destroy(p);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(late_event_tears_its_transaction_once),
+        cmocka_unit_test(revocation_drops_only_the_revoked_partitions_work),
         cmocka_unit_test(fixed_window_flags_late_events),
         cmocka_unit_test(out_of_order_partition_does_not_grow_the_window),
         cmocka_unit_test(interleaved_across_partitions),

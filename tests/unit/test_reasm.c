@@ -150,6 +150,33 @@ static void late_duplicate_of_a_completed_group(void **state) {
     ces_reasm_destroy(r);
 }
 
+static bool partition_one(void *arg, const ces_source_t *source) {
+    (void)arg;
+    return source->partition == 1;
+}
+
+/* A revocation drops the groups wholly of the revoked partition; a group with segments of a kept
+ * partition too makes it drop nothing (-1). */
+static void drops_groups_of_revoked_partitions(void **state) {
+    (void)state;
+    ces_reasm_t *r = new_reasm(1 << 20, 100, 1000);
+    ces_reasm_group_t *g = NULL;
+    assert_int_equal(add(r, "A", seg(1, 3, 0, false, "AA"), 0, &g), CES_REASM_HELD);
+    assert_int_equal(add(r, "A", seg(1, 4, 1, false, "BB"), 0, &g), CES_REASM_HELD);
+    assert_int_equal(add(r, "B", seg(0, 9, 0, false, "CC"), 0, &g), CES_REASM_HELD);
+    assert_int_equal(ces_reasm_drop_sources(r, partition_one, NULL), 1);
+    assert_int_equal(ces_reasm_pending_groups(r), 1);
+    assert_int_equal(ces_reasm_pending_bytes(r), 2);
+    int64_t off;
+    assert_false(ces_reasm_min_offset(r, "ces", 1, &off));
+    assert_true(ces_reasm_min_offset(r, "ces", 0, &off));
+    /* Group B gets a segment from partition 1: it spans both. */
+    assert_int_equal(add(r, "B", seg(1, 5, 1, false, "DD"), 0, &g), CES_REASM_HELD);
+    assert_int_equal(ces_reasm_drop_sources(r, partition_one, NULL), -1);
+    assert_int_equal(ces_reasm_pending_groups(r), 1);
+    ces_reasm_destroy(r);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(shuffled_with_duplicates_zero_based),
@@ -157,6 +184,7 @@ int main(void) {
         cmocka_unit_test(legacy_split_total),
         cmocka_unit_test(bounds_and_timeout),
         cmocka_unit_test(late_duplicate_of_a_completed_group),
+        cmocka_unit_test(drops_groups_of_revoked_partitions),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
