@@ -17,7 +17,6 @@ Pieces (modelled on pgbouncer's test/conftest.py):
 
 Environment:
     CES2PG_BUILD   build directory (default <repo>/build)
-    CES_EXAMPLES   example records (default <repo>/../shared/ces/examples)
     PG_BINDIR      PostgreSQL binaries (default /usr/lib/postgresql/15/bin)
 
 When a test fails, the logs of the daemons, brokers and the PostgreSQL server
@@ -57,9 +56,7 @@ BUILD = Path(os.environ.get("CES2PG_BUILD", ROOT / "build")).resolve()
 CES2PG = BUILD / "ces2pg"
 MOCK_BROKER = BUILD / "ces-mock-broker"
 CES_GEN = ROOT / "tools" / "ces-gen"
-EXAMPLES = Path(
-    os.environ.get("CES_EXAMPLES", ROOT.parent / "shared" / "ces" / "examples")
-).resolve()
+EXAMPLES = ROOT / "tests" / "fixtures" / "examples"  # the example records (README.md there)
 PG_BINDIR = Path(os.environ.get("PG_BINDIR", "/usr/lib/postgresql/15/bin"))
 PYTHON = "/usr/bin/python3"
 
@@ -1371,8 +1368,8 @@ EXAMPLE_ORDER = ("legacy-insert", "legacy-update", "legacy-delete",
 def example_record(name):
     """One example record re-serialized as one compact JSON line (bytes)."""
     path = EXAMPLES / f"{name}.json"
-    assert path.is_file(), f"example record not found: {path} (CES_EXAMPLES?)"
-    with open(path) as f:
+    assert path.is_file(), f"example record not found: {path}"
+    with open(path, encoding="utf-8") as f:
         obj = json.load(f)
     return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode()
 

@@ -79,11 +79,11 @@ def test_unsupported_event_type_replay(tmp_path, db):
     event = json.loads(good)
     event["type"] = "com.microsoft.SQL.CES.DML.V2"
     # A later change of the same row: applying it would show.
-    event["logicalid"] = event["logicalid"].replace("08A80007", "08A80009")
-    event["data"] = event["data"].replace("000008A8:0007", "000008A8:0009")
-    event["data"] = event["data"].replace('"Nikolic', '"Wrong')
+    event["logicalid"] = event["logicalid"].replace("00000A100004:", "00000A100009:")
+    event["data"] = event["data"].replace("00000A10:0004", "00000A10:0009")
+    event["data"] = event["data"].replace('"Jonas Berg', '"Wrong')
     bad = json.dumps(event, separators=(",", ":")).encode()
-    assert b"Wrong" in bad and b"08A80009" in bad
+    assert b"Wrong" in bad and b"00000A100009:" in bad and b"00000A10:0009" in bad
     path = write_records(tmp_path / "v2.jsonl", [good, bad])
     rc, out, err = run_replay(db, [path])
     assert rc == 0, err
@@ -93,5 +93,5 @@ def test_unsupported_event_type_replay(tmp_path, db):
     assert dl["payload"] == bad
     assert (dl["topic"], dl["partition"], dl["offset"]) == (str(path), 0, 2)
     assert "unsupported event type" in dl["reason"].lower(), dl
-    assert fetch_table(db, "dbo.employees", ["id", "lastname"], ["id"]) == [
-        {"id": "8", "lastname": "Nikolic"}]
+    assert fetch_table(db, "sales.orders", ["orderid", "customer"], ["orderid"]) == [
+        {"orderid": "2048", "customer": "Jonas Berg"}]

@@ -1,8 +1,10 @@
-"""The six documented example records (shared/ces/examples) end to end.
+"""The six example records (tests/fixtures/examples) end to end.
 
-Order: legacy insert, update, delete (db1 dbo.Purchases, early preview
-format), then current insert, update, delete (EmployeesDb dbo.Employees).
-Each step is checked against the state the documentation describes.
+Order: legacy insert, update, delete (HrDb hr.Staff, early preview format),
+then current insert, update, delete (ShopDb sales.Orders). Each step is
+checked against the rows the record describes, the version the row carries
+(its commit LSN and sequence number, from logicalid for the legacy ones) and,
+after a delete, the tombstone it leaves.
 """
 
 from conftest import (
@@ -19,75 +21,107 @@ from conftest import (
     write_records,
 )
 
-PURCHASES = "dbo.purchases"
-PURCHASE_COLS = ["purchase_id", "customer_name", "product_id", "product_name",
-                 "price_per_item", "quantity", "purchase_date",
-                 "payment_method"]
-PURCHASE_TYPES = {
-    "purchase_id": "integer",
-    "customer_name": "character varying(100)",
-    "product_id": "integer",
-    "product_name": "character varying(100)",
-    "price_per_item": "integer",
-    "quantity": "integer",
-    "purchase_date": "timestamp(3) without time zone",
-    "payment_method": "character varying(50)",
+STAFF = "hr.staff"
+STAFF_TYPES = {
+    "staffid": "integer",
+    "fullname": "character varying(80)",
+    "salary": "numeric(10,2)",
+    "hiredat": "timestamp(6) without time zone",
+    "remote": "boolean",
+    "managerid": "integer",
+    "reviewedat": "timestamp(3) without time zone",
+    "_ces_lsn": "numeric",
 }
-EMPLOYEES = "dbo.employees"
-EMPLOYEE_COLS = ["id", "firstname", "lastname", "signupdate"]
-EMPLOYEE_TYPES = {
-    "id": "integer",
-    "firstname": "character varying(50)",
-    "lastname": "character varying(50)",
-    "signupdate": "timestamp(6) without time zone",
+STAFF_COLS = [c for c in STAFF_TYPES if c != "_ces_lsn"]
+ORDERS = "sales.orders"
+ORDER_TYPES = {
+    "orderid": "integer",
+    "customer": "character varying(100)",
+    "total": "numeric(10,2)",
+    "placedat": "timestamp(6) without time zone",
+    "paid": "boolean",
+    "note": "character varying(200)",
+    "_ces_lsn": "numeric",
 }
+ORDER_COLS = [c for c in ORDER_TYPES if c != "_ces_lsn"]
 
-PURCHASE_AFTER_INSERT = {
-    "purchase_id": "105", "customer_name": "Anna Doe", "product_id": "101",
-    "product_name": "Game 2077", "price_per_item": "60", "quantity": "1",
-    "purchase_date": "2025-03-14 16:45:01", "payment_method": "Credit Card",
+STAFF_AFTER_INSERT = {
+    "staffid": "314", "fullname": "Marta Kovačević", "salary": "4200.00",
+    # datetime2(7) '2025-05-19 08:30:52.6618403' in a timestamp(6)
+    "hiredat": "2025-05-19 08:30:52.66184",
+    "remote": "false", "managerid": None, "reviewedat": None,
 }
-PURCHASE_AFTER_UPDATE = dict(PURCHASE_AFTER_INSERT, product_id="100",
-                             product_name="Game 2066", price_per_item="50",
-                             quantity="2")
-EMPLOYEE_AFTER_INSERT = {
-    "id": "8", "firstname": "Nikola", "lastname": "Nikolic",
-    # datetime2(7) '2026-08-07 16:25:00.8833333' in a timestamp(6)
-    "signupdate": "2026-08-07 16:25:00.883333",
+STAFF_AFTER_UPDATE = dict(STAFF_AFTER_INSERT, salary="4450.00", remote="true",
+                          managerid="12",
+                          reviewedat="2025-06-02 13:47:35.357")
+ORDER_AFTER_INSERT = {
+    "orderid": "2048", "customer": "Jonas Berg", "total": "189.50",
+    # datetime2(7) '2026-02-11 10:42:18.3712846' rounds up to the microsecond
+    "placedat": "2026-02-11 10:42:18.371285",
+    "paid": "false", "note": None,
 }
-EMPLOYEE_AFTER_UPDATE = dict(EMPLOYEE_AFTER_INSERT, lastname="Nikolic-Smith")
+ORDER_AFTER_UPDATE = dict(ORDER_AFTER_INSERT, total="170.55", paid="true",
+                          note='ring twice, "back door"')
 
-# (example, table, columns, rows expected in that table after the step)
+
+def version(lsn, sequence):
+    """The version ces2pg stores for a position (docs/ces-format.md): the
+    LSN as an integer, then the sequence number in 20 digits."""
+    return str(int(lsn.replace(":", ""), 16)) + "%020d" % sequence
+
+
+# (example, table, columns, rows expected in that table after the step,
+#  the step's position as (commit LSN, sequence number))
 STEPS = [
-    ("legacy-insert", PURCHASES, PURCHASE_COLS, [PURCHASE_AFTER_INSERT]),
-    ("legacy-update", PURCHASES, PURCHASE_COLS, [PURCHASE_AFTER_UPDATE]),
-    ("legacy-delete", PURCHASES, PURCHASE_COLS, []),
-    ("current-insert", EMPLOYEES, EMPLOYEE_COLS, [EMPLOYEE_AFTER_INSERT]),
-    ("current-update", EMPLOYEES, EMPLOYEE_COLS, [EMPLOYEE_AFTER_UPDATE]),
-    ("current-delete", EMPLOYEES, EMPLOYEE_COLS, []),
+    ("legacy-insert", STAFF, STAFF_COLS, [STAFF_AFTER_INSERT],
+     ("00000019:000004B0:0002", 1)),
+    ("legacy-update", STAFF, STAFF_COLS, [STAFF_AFTER_UPDATE],
+     ("00000019:00000588:0005", 2)),
+    ("legacy-delete", STAFF, STAFF_COLS, [],
+     ("00000019:000006D8:0003", 1)),
+    ("current-insert", ORDERS, ORDER_COLS, [ORDER_AFTER_INSERT],
+     ("0000003E:00000A10:0004", 1)),
+    ("current-update", ORDERS, ORDER_COLS, [ORDER_AFTER_UPDATE],
+     ("0000003E:00000B70:000A", 2)),
+    ("current-delete", ORDERS, ORDER_COLS, [],
+     ("0000003E:00000C28:0006", 1)),
 ]
 assert tuple(s[0] for s in STEPS) == EXAMPLE_ORDER
+# The positions increase in the order the records apply in.
+assert [int(version(*s[4])) for s in STEPS] == sorted(
+    int(version(*s[4])) for s in STEPS)
 
 
 def check_schema(db):
-    assert column_types(db, PURCHASES).items() >= PURCHASE_TYPES.items(), (
-        column_types(db, PURCHASES))
-    assert primary_key(db, PURCHASES) == ["purchase_id"]
-    if db.table_exists(EMPLOYEES):
-        assert column_types(db, EMPLOYEES).items() >= EMPLOYEE_TYPES.items(), (
-            column_types(db, EMPLOYEES))
-        assert primary_key(db, EMPLOYEES) == ["id"]
+    assert column_types(db, STAFF) == STAFF_TYPES, column_types(db, STAFF)
+    assert primary_key(db, STAFF) == ["staffid"]
+    if db.table_exists(ORDERS):
+        assert column_types(db, ORDERS) == ORDER_TYPES, column_types(db, ORDERS)
+        assert primary_key(db, ORDERS) == ["orderid"]
+
+
+def tombstones(db, table):
+    return db.query(
+        "SELECT key::text, version::text FROM ces2pg.tombstones "
+        "WHERE relid = to_regclass(%s)", (table,))
 
 
 def check_step(db, step):
-    _, table, cols, rows = STEPS[step]
+    name, table, cols, rows, position = STEPS[step]
     assert db.table_exists(table), f"{table} was not created"
     check_schema(db)
     key = cols[:1]
-    assert fetch_table(db, table, cols, key) == rows, (
-        f"after {STEPS[step][0]}")
-    if step >= 3:  # the purchases row stays deleted
-        assert fetch_table(db, PURCHASES, PURCHASE_COLS, ["purchase_id"]) == []
+    assert fetch_table(db, table, cols, key) == rows, f"after {name}"
+    if rows:  # the row carries the version of the step's event
+        assert db.query(f"SELECT _ces_lsn::text FROM {table}") == [
+            (version(*position),)], f"after {name}"
+    else:  # the delete left a tombstone with its version
+        assert tombstones(db, table) == [
+            ("{%s}" % STEPS[step - 1][3][0][key[0]], version(*position))
+        ], f"after {name}"
+    if step >= 3:  # the staff row stays deleted
+        assert fetch_table(db, STAFF, STAFF_COLS, ["staffid"]) == []
+        assert tombstones(db, STAFF) == [("{314}", version(*STEPS[2][4]))]
 
 
 def test_example_records_are_one_line_each():
@@ -114,7 +148,7 @@ def test_examples_replay_all_in_one_file(db):
     assert rc == 0, err
     assert parse_replay_summary(out) == (6, 6, 0), out
     check_step(db, 5)
-    assert fetch_table(db, EMPLOYEES, EMPLOYEE_COLS, ["id"]) == []
+    assert fetch_table(db, ORDERS, ORDER_COLS, ["orderid"]) == []
     assert dead_letters(db) == []
 
 

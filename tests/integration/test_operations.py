@@ -288,7 +288,7 @@ def test_stop_while_a_batch_waits(tmp_path, db, broker, ces2pg, second_signal):
     daemon = ces2pg(db, b, group=GROUP)
     b.produce("ces", [example_record("current-insert")], partition=0)
     wait_applied(db, GROUP, {0: 1}, daemons=[daemon])
-    with table_locked(db, "dbo.employees"):
+    with table_locked(db, "sales.orders"):
         b.produce("ces", [example_record("current-update")], partition=0)
         wait_until(lambda: waiting_on_lock(db), 30,
                    message="the batch waits for the lock")
@@ -307,7 +307,8 @@ def test_stop_while_a_batch_waits(tmp_path, db, broker, ces2pg, second_signal):
     assert daemon.wait(30) == 0
     assert "stopping: applying what is complete" in daemon.log()
     assert read_offsets(db, GROUP) == {0: 2}
-    assert db.scalar("SELECT lastname FROM dbo.employees") == "Nikolic-Smith"
+    assert db.query("SELECT total::text, paid, note FROM sales.orders") == [
+        ("170.55", True, 'ring twice, "back door"')]
 
 
 # --------------------------------------------------------------------------
@@ -516,10 +517,10 @@ def test_tls_verify_full_with_password_file_and_env(
             with contextlib.closing(psycopg2.connect(
                     tls_conninfo(tls_pg, "test-ca.crt", password=PG_PASSWORD))) as c:
                 with c.cursor() as cur:
-                    cur.execute("SELECT to_regclass('dbo.employees') IS NOT NULL")
+                    cur.execute("SELECT to_regclass('sales.orders') IS NOT NULL")
                     if not cur.fetchone()[0]:
                         return False
-                    cur.execute("SELECT count(*) FROM dbo.employees")
+                    cur.execute("SELECT count(*) FROM sales.orders")
                     return cur.fetchone()[0] == 1
         wait_until(applied, 60, message="the record applied over TLS")
         wait_until(lambda: http_get(f"http://127.0.0.1:{port}/readyz")[0] == 200,

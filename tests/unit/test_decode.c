@@ -119,15 +119,16 @@ static void golden_avro_malformed(void **state) {
     golden("avro/malformed");
 }
 
-/* The six records from Microsoft's documentation, pretty-printed over several lines as published. */
-static void shared_examples(void **state) {
+/* The six example records (tests/fixtures/examples, ces2pg's own, pretty-printed over several lines
+ * like documentation examples) against their decoded form in tests/fixtures/decode/examples. */
+static void example_records(void **state) {
     (void)state;
     static const char *names[] = {"current-insert", "current-update", "current-delete",
                                   "legacy-insert",  "legacy-update",  "legacy-delete"};
     ces_decoder_t *d = new_decoder();
     for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
         char in[512], out[512];
-        snprintf(in, sizeof(in), "%s/%s.json", CES_EXAMPLES, names[i]);
+        snprintf(in, sizeof(in), "%s/examples/%s.json", CES_FIXTURES, names[i]);
         snprintf(out, sizeof(out), "%s/decode/examples/%s.out", CES_FIXTURES, names[i]);
         size_t len;
         char *record = test_read_file(in, &len);
@@ -240,7 +241,7 @@ static ces_decode_status_t decode_whole(ces_decoder_t *d, const char *rec, size_
 static void every_prefix_is_rejected(void **state) {
     (void)state;
     char path[512];
-    snprintf(path, sizeof(path), "%s/current-update.json", CES_EXAMPLES);
+    snprintf(path, sizeof(path), "%s/examples/current-update.json", CES_FIXTURES);
     size_t len;
     char *record = test_read_file(path, &len);
     while (len > 0 && (record[len - 1] == '\n' || record[len - 1] == ' '))
@@ -547,7 +548,7 @@ static void forced_format(void **state) {
     char path[512];
     snprintf(path, sizeof(path), "%s/avro/valid.in", CES_FIXTURES);
     fixture_t fx = read_fixture(path);
-    snprintf(path, sizeof(path), "%s/current-insert.json", CES_EXAMPLES);
+    snprintf(path, sizeof(path), "%s/examples/current-insert.json", CES_FIXTURES);
     size_t json_len;
     char *json = test_read_file(path, &json_len);
     ces_decode_limits_t limits;
@@ -585,7 +586,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(golden_valid),
         cmocka_unit_test(golden_malformed),
-        cmocka_unit_test(shared_examples),
+        cmocka_unit_test(example_records),
         cmocka_unit_test(every_prefix_is_rejected),
         cmocka_unit_test(bounds),
         cmocka_unit_test(invalid_utf8_is_rejected),
