@@ -577,6 +577,19 @@ static int settle_group_instance_id(ces_config_t *c, const char *file, char *err
         free(c->kafka_group_instance_id);
         c->kafka_group_instance_id = NULL;
     }
+    /* What Kafka accepts as a static member's name (brokers refuse the join otherwise). */
+    const char *id = c->kafka_group_instance_id;
+    size_t len = id ? strlen(id) : 0;
+    bool valid = len <= 249;
+    for (size_t i = 0; i < len && valid; i++)
+        valid = isalnum((unsigned char)id[i]) || id[i] == '.' || id[i] == '_' || id[i] == '-';
+    if (!valid) {
+        snprintf(errstr, errstr_size,
+                 "%s: kafka.group_instance_id (or $%s) must be 1 to 249 letters, digits, '.', '_' "
+                 "or '-', not '%.60s'",
+                 file, CES_CONFIG_GROUP_INSTANCE_ENV, id);
+        return -1;
+    }
     return 0;
 }
 

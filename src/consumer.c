@@ -410,10 +410,13 @@ static void rebalance_cb(rd_kafka_t *rk, rd_kafka_resp_err_t err,
                 ret = rd_kafka_assign(rk, parts);
             c->assigned = cooperative ? c->assigned + (size_t)parts->cnt : (size_t)parts->cnt;
             c->joined = true;
-            /* A cooperative rebalance that moves nothing here assigns an empty list: not news. */
-            if (parts->cnt > 0 || !cooperative)
-                ces_log_info("assigned %d partition(s)%s", parts->cnt,
-                             cooperative ? " (cooperative)" : "");
+            /* A cooperative rebalance that moves nothing here assigns an empty list: not news.
+             * The count is what this instance owns now. */
+            if (cooperative && parts->cnt > 0)
+                ces_log_info("assigned %zu partition(s) (%d new, cooperative)", c->assigned,
+                             parts->cnt);
+            else if (!cooperative)
+                ces_log_info("assigned %d partition(s)", parts->cnt);
         }
     } else if (err == RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS) {
         /* A lost assignment (session timed out) may already belong to someone else: its pending
@@ -431,7 +434,8 @@ static void rebalance_cb(rd_kafka_t *rk, rd_kafka_resp_err_t err,
             ret = rd_kafka_assign(rk, NULL);
             c->assigned = 0;
         }
-        ces_log_info("revoked %d partition(s)", parts->cnt);
+        ces_log_info("revoked %d partition(s)%s", parts->cnt,
+                     cooperative ? " (cooperative: the others stay)" : "");
     } else {
         ces_log_error("kafka: rebalance failed: %s", rd_kafka_err2str(err));
         if (cooperative)

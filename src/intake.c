@@ -104,7 +104,7 @@ static int add_event(ces_pipeline_t *p, const ces_source_t *source, const ces_ev
         p->stats.events_consumed[event->op]++;
     ces_lsn_t lsn = event->position.commit_lsn;
     bool torn_first = false;
-    bool late = p->order != NULL && ces_release_is_late(p, lsn, &torn_first);
+    bool late = p->order != NULL && ces_release_is_late(p, source, lsn, &torn_first);
     if (p->order != NULL) {
         /* Even a skipped event tells how far its partitions have come. */
         ces_release_saw_commit(p, source, event->position.commit_lsn);

@@ -160,6 +160,7 @@ int ces_pipeline_on_assigned(void *opaque, const char *topic, const int32_t *par
         if (part == NULL)
             return -1;
         ces_positions_on_assign(&part->pos, topic, partitions[i], offsets[i]);
+        ces_release_assigned(p, part);
         part->assigned = true;
         part->has_frontier = false;
         part->at_eof = false;

@@ -56,6 +56,10 @@ typedef struct {
     int64_t eof_offset; /* where the end was when it was reached */
     int64_t last_record_ms;
     bool paused;
+    /* Transactions up to this one were sent before the partition was assigned to us: its events of
+     * them come from before we owned it, not late (has_late_floor). */
+    bool has_late_floor;
+    ces_lsn_t late_floor;
 } partition_t;
 
 /* Transaction mode: how the bet of the reorder window is doing (release.c). A transaction counts
@@ -191,10 +195,14 @@ static inline void ces_intake_release(ces_pipeline_t *p, void *handle) {
 
 /*
  * Transaction mode: is an event of commit LSN lsn, from source, too late to join its transaction
- * (one at or before it went to PostgreSQL already)? Returns false, or true with *torn_first set
- * when no late event of lsn was seen before. Cheap: one comparison for an event on time.
+ * (one at or before it went to PostgreSQL already, while its partition was ours)? Returns false, or
+ * true with *torn_first set when no late event of lsn was seen before. Cheap: one comparison for an
+ * event on time.
  */
-bool ces_release_is_late(const ces_pipeline_t *p, ces_lsn_t lsn, bool *torn_first);
+bool ces_release_is_late(ces_pipeline_t *p, const ces_source_t *source, ces_lsn_t lsn,
+                         bool *torn_first);
+/* topic[partition] was assigned to us now: what was sent before is no business of its events. */
+void ces_release_assigned(ces_pipeline_t *p, partition_t *part);
 /* A late event was taken in at now_ms (not a duplicate): remembers its transaction as torn, warns
  * (rate-limited) and adapts the window. */
 void ces_release_late(ces_pipeline_t *p, const ces_source_t *source, ces_lsn_t lsn,

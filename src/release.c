@@ -16,9 +16,16 @@
 /* At most one warning about late events this often; the ones in between are counted in it. */
 #define LATE_WARNING_INTERVAL_MS 10000
 
-bool ces_release_is_late(const ces_pipeline_t *p, ces_lsn_t lsn, bool *torn_first) {
+bool ces_release_is_late(ces_pipeline_t *p, const ces_source_t *source, ces_lsn_t lsn,
+                         bool *torn_first) {
     const lateness_t *l = &p->late;
     if (!l->has_sent || ces_lsn_compare(lsn, l->sent_max) > 0)
+        return false;
+    /* A partition assigned after those transactions went (a rebalance) brings its events of them
+     * only now: they were the previous owner's to apply (a transaction spanning two instances is
+     * applied in parts by design), and no window of ours would have waited for them. */
+    const partition_t *part = ces_pipeline_partition(p, source->topic, source->partition, false);
+    if (part != NULL && part->has_late_floor && ces_lsn_compare(lsn, part->late_floor) <= 0)
         return false;
     *torn_first = true;
     for (size_t i = 0; i < l->torn_count && *torn_first; i++)
@@ -98,6 +105,11 @@ static void note_released(ces_pipeline_t *p, ces_lsn_t lsn) {
         l->sent_count++;
     if (l->unstamped < SENT_HISTORY)
         l->unstamped++;
+}
+
+void ces_release_assigned(ces_pipeline_t *p, partition_t *part) {
+    part->has_late_floor = p->late.has_sent;
+    part->late_floor = p->late.sent_max;
 }
 
 void ces_release_sent(ces_pipeline_t *p, int64_t now_ms) {

@@ -14,6 +14,10 @@ bool ces_window_late(ces_window_t *w, int64_t lateness_ms, int64_t then_ms, int6
     int64_t needed = then_ms + (lateness_ms > 0 ? lateness_ms : 0);
     int64_t margin = needed / 4 > CES_WINDOW_MARGIN_MIN_MS ? needed / 4 : CES_WINDOW_MARGIN_MIN_MS;
     int64_t want = needed + margin < w->max_ms ? needed + margin : w->max_ms;
+    /* The late events of one episode come a little later each: they move the window once, not by
+     * a few milliseconds each. */
+    if (want < w->current_ms + CES_WINDOW_MARGIN_MIN_MS && want < w->max_ms)
+        return false;
     if (want <= w->current_ms)
         return false;
     w->current_ms = want;

@@ -26,7 +26,8 @@
 #define CES_WINDOW_SHRINK_STEP_MS 10000
 /* An excess smaller than this is dropped at the next step (the window is back at its start). */
 #define CES_WINDOW_SNAP_MS 20
-/* The margin added to the window a late event called for: a quarter of it, at least this. */
+/* The margin added to the window a late event called for: a quarter of it, at least this; and a
+ * late event moves the window only when it asks for at least this much more. */
 #define CES_WINDOW_MARGIN_MIN_MS 50
 
 typedef struct {

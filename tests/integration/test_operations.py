@@ -595,7 +595,8 @@ def test_systemd_unit_exposure_is_at_most_2():
 
 def test_systemd_unit_essentials():
     text = UNIT.read_text()
-    for line in ("Type=notify", "RestartPreventExitStatus=78",
+    for line in ("Type=notify", "RestartPreventExitStatus=78 65",
+                 "Environment=CES2PG_GROUP_INSTANCE_ID=%H-%p%i",
                  "NotifyAccess=main", "ExecReload=/bin/kill -HUP $MAINPID"):
         assert re.search(rf"^{re.escape(line)}$", text, re.M), line
     assert re.search(r"^WatchdogSec=\d+", text, re.M)

@@ -368,17 +368,18 @@ def eventhubs_kafka_lines(kafka, connection_string=None, inline=False,
 @pytest.fixture
 def eventhubs_daemon(kafka_logs, ces2pg, tmp_path):
     """Factory: eventhubs_daemon(db, topic, group=..., connection_string=None,
-    inline=False, ca_file=None, properties=DAEMON_PROPERTIES, **make_config
-    kwargs) -> Daemon in Event Hubs mode on the SASL_SSL listener.
+    inline=False, ca_file=None, properties=DAEMON_PROPERTIES,
+    kafka_extra_lines=(), **make_config kwargs) -> Daemon in Event Hubs mode on
+    the SASL_SSL listener (kafka_extra_lines: more lines of its kafka section).
 
     kafka.brokers is given (the SASL_SSL listener): the connection string's
     Endpoint names a namespace that does not resolve here."""
 
     def start(db, topic, group="ces2pg-test", connection_string=None,
               inline=False, ca_file=None, properties=DAEMON_PROPERTIES,
-              **config_kw):
+              kafka_extra_lines=(), **config_kw):
         lines = eventhubs_kafka_lines(kafka_logs, connection_string, inline,
-                                      ca_file, tmp_path)
+                                      ca_file, tmp_path) + list(kafka_extra_lines)
         return ces2pg(db, kafka_logs.sasl_ssl, group=group, topics=(topic,),
                       properties=properties, kafka_extra=lines, **config_kw)
 

@@ -101,6 +101,13 @@ static void errors_name_file_line_and_key(void **state) {
     expect_error("kafka = { brokers = \"x\"; topics = [\"t\"]; };\npostgres = { conninfo = \"\"; };\n"
                  "apply = { reorder_window_ms = 400;\n reorder_window_max_ms = 300; };\n",
                  CES_CONFIG_DAEMON, "4:", "apply.reorder_window_max_ms (300) is below");
+    expect_error("kafka = { brokers = \"x\"; topics = [\"t\"]; group_instance_id = \"host:ces2pg\"; "
+                 "};\npostgres = { conninfo = \"\"; };\n",
+                 CES_CONFIG_DAEMON, "", "kafka.group_instance_id (or $CES2PG_GROUP_INSTANCE_ID) "
+                 "must be 1 to 249 letters");
+    expect_error("kafka = { brokers = \"x\"; topics = [\"t\"];\n on_source_gap = \"skip\"; };\n"
+                 "postgres = { conninfo = \"\"; };\n",
+                 CES_CONFIG_DAEMON, "2:", "kafka.on_source_gap must be \"stop\" or \"continue\"");
     expect_error("kafka = { brokers = ; };\n", CES_CONFIG_DAEMON, "1:",
                  "syntax error");
     expect_error("kafka = \"x\";\n", CES_CONFIG_DAEMON, "1:", "'kafka' must be a group");

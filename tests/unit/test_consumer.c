@@ -96,9 +96,9 @@ static void static_membership_from_key_or_environment(void **state) {
                            "group_instance_id = \"host-a\";");
     assert_property(c, "group.instance.id", "host-a");
     ces_config_destroy(c);
-    setenv(CES_CONFIG_GROUP_INSTANCE_ENV, "host-b:ces2pg", 1);
+    setenv(CES_CONFIG_GROUP_INSTANCE_ENV, "host-b.ces2pg", 1);
     c = load("brokers = \"b:1\"; topics = [\"ces\"]; group_id = \"g\";");
-    assert_property(c, "group.instance.id", "host-b:ces2pg");
+    assert_property(c, "group.instance.id", "host-b.ces2pg");
     ces_config_destroy(c);
     c = load("brokers = \"b:1\"; topics = [\"ces\"]; group_id = \"g\";\n"
              "group_instance_id = \"\";");

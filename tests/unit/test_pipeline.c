@@ -552,6 +552,32 @@ static void late_event_tears_its_transaction_once(void **state) {
     ces_pipeline_destroy(p);
 }
 
+/* A partition assigned after transactions went to PostgreSQL (a rebalance) brings its events of
+ * them now: they were its previous owner's, not late events of ours, and the window stays. */
+static void newly_assigned_partition_is_not_late(void **state) {
+    (void)state;
+    ces_pipeline_t *p = new_adaptive_pipeline(true);
+    feed(p, 0, 0, 10, 1, 1, 0);
+    feed(p, 1, 0, 10, 2, 2, 0);
+    ces_release_partition_eof(p, "ces", 0, 1);
+    ces_release_partition_eof(p, "ces", 1, 1);
+    tick(p, WINDOW);
+    assert_int_equal(ces_pipeline_batch_events(p), 2);
+    commit_batch(p, WINDOW);
+    int32_t more[1] = {2};
+    int64_t offsets[1];
+    assert_int_equal(ces_pipeline_on_assigned(p, "ces", more, 1, offsets), 0);
+    feed(p, 2, 0, 5, 1, 3, WINDOW + 10);  /* older than what was sent */
+    feed(p, 2, 1, 10, 3, 4, WINDOW + 10); /* of the transaction sent */
+    ces_release_partition_eof(p, "ces", 2, 2);
+    tick(p, 3 * WINDOW);
+    assert_int_equal(ces_pipeline_batch_events(p), 2);
+    assert_false(ces_pipeline_batch_item(p, 0)->late);
+    assert_false(ces_pipeline_batch_item(p, 1)->late);
+    assert_int_equal(window_now(p), WINDOW);
+    ces_pipeline_destroy(p);
+}
+
 /* With apply.reorder_window_adaptive = false, late events are flagged and the window stays. */
 static void fixed_window_flags_late_events(void **state) {
     (void)state;
@@ -637,6 +663,7 @@ int main(void) {
         cmocka_unit_test(late_event_tears_its_transaction_once),
         cmocka_unit_test(revocation_drops_only_the_revoked_partitions_work),
         cmocka_unit_test(fixed_window_flags_late_events),
+        cmocka_unit_test(newly_assigned_partition_is_not_late),
         cmocka_unit_test(out_of_order_partition_does_not_grow_the_window),
         cmocka_unit_test(interleaved_across_partitions),
         cmocka_unit_test(lagging_partition_holds_everything),

@@ -19,6 +19,8 @@ static void grows_to_cover_lateness_with_a_margin(void **state) {
      * Less late than the window now covers: no change either. */
     assert_false(ces_window_late(&w, 300, 200, 1500));
     assert_false(ces_window_late(&w, 100, 200, 2000));
+    /* ... or a little later than the first (650 asked for): the window moves by 50 ms or more. */
+    assert_false(ces_window_late(&w, 320, 200, 2100));
     assert_int_equal(ces_window_ms(&w), 625);
     /* Released under the grown window and still late: it grows again. */
     assert_true(ces_window_late(&w, 100, 625, 2500));
