@@ -254,7 +254,7 @@ static int attempt_send(ces_apply_t *a, attempt_t *at) {
                 return -1;
             }
         }
-        if (item->kind == CES_ITEM_DEAD_LETTER && ces_sender_dead_letter(s, (long)i, item) != 0)
+        if (item->kind == CES_ITEM_DEAD_LETTER && ces_sender_dead_letter(s, (long)i, item, batch->retrying) != 0)
             return -1;
         if (ces_sender_maybe_sync(s) != 0 || e->cls != CES_PGERR_NONE)
             return -1;

@@ -102,6 +102,10 @@ typedef struct {
     ces_source_gap_t *gaps; /* the source gaps its positions move past */
     size_t ngaps;
     size_t gaps_capacity;
+    /* `ces2pg dead-letters retry`: every item's sources are dead letters (the offset is the row's
+     * id): those that apply leave the table, those that fail again keep their row. */
+    bool retrying;
+    int64_t reorder_window_ms; /* in force as it is applied (progress); -1: none */
 } ces_batch_t;
 
 /* Appends an empty item and returns it, or NULL when out of memory. The batch owns the array. */

@@ -762,6 +762,88 @@ bool ces_consumer_joined(const ces_consumer_t *c) { return c->joined; }
 
 uint64_t ces_consumer_fetch_wakeups(const ces_consumer_t *c) { return c->wakeups; }
 
+/* How long `status` waits for each answer of the brokers. */
+#define INSPECT_TIMEOUT_MS 10000
+
+ces_consumer_status_t ces_consumer_inspect(const ces_config_t *config,
+                                           void (*fn)(void *arg, const char *topic,
+                                                      int32_t partition, int64_t low,
+                                                      int64_t high),
+                                           void *arg, int *members, char *state,
+                                           size_t state_size, char *errstr, size_t errstr_size) {
+    ces_consumer_status_t status;
+    *members = -1;
+    snprintf(state, state_size, "unknown");
+    rd_kafka_conf_t *conf = build_conf(config, errstr, errstr_size, &status);
+    if (conf == NULL)
+        return status;
+    /* The log and error callbacks redact the secrets of this stand-in consumer. */
+    ces_consumer_t *c = calloc(1, sizeof(*c));
+    if (c == NULL || (config->kafka_eventhubs_connection_string != NULL &&
+                      ((c->secrets[0] = strdup(config->kafka_eventhubs_connection_string)) == NULL)))
+        goto nomem;
+    if (config->kafka_eventhubs_connection_string != NULL)
+        c->secrets[1] = shared_access_key(config->kafka_eventhubs_connection_string);
+    rd_kafka_conf_set_opaque(conf, c);
+    char err[512];
+    rd_kafka_t *rk = rd_kafka_new(RD_KAFKA_CONSUMER, conf, err, sizeof(err));
+    if (rk == NULL) {
+        rd_kafka_conf_destroy(conf);
+        char safe[sizeof(err)];
+        snprintf(errstr, errstr_size, "creating a Kafka client: %s",
+                 redact(c, err, safe, sizeof(safe)));
+        consumer_free(c);
+        return CES_CONSUMER_FATAL;
+    }
+    status = CES_CONSUMER_OK;
+    for (size_t t = 0; t < config->kafka_topics.count && status == CES_CONSUMER_OK; t++) {
+        const char *topic = config->kafka_topics.items[t];
+        rd_kafka_topic_t *rkt = rd_kafka_topic_new(rk, topic, NULL);
+        const struct rd_kafka_metadata *md = NULL;
+        rd_kafka_resp_err_t e =
+            rkt ? rd_kafka_metadata(rk, 0, rkt, &md, INSPECT_TIMEOUT_MS) : RD_KAFKA_RESP_ERR__FAIL;
+        if (e != RD_KAFKA_RESP_ERR_NO_ERROR || md->topic_cnt < 1 || md->topics[0].err) {
+            snprintf(errstr, errstr_size, "kafka: topic %s: %s", topic,
+                     rd_kafka_err2str(e ? e : md->topic_cnt ? md->topics[0].err
+                                                            : RD_KAFKA_RESP_ERR__UNKNOWN_TOPIC));
+            status = CES_CONSUMER_FATAL;
+        }
+        for (int i = 0; status == CES_CONSUMER_OK && i < md->topics[0].partition_cnt; i++) {
+            int32_t partition = md->topics[0].partitions[i].id;
+            int64_t low = -1, high = -1;
+            if (rd_kafka_query_watermark_offsets(rk, topic, partition, &low, &high,
+                                                 INSPECT_TIMEOUT_MS) != RD_KAFKA_RESP_ERR_NO_ERROR)
+                low = high = -1;
+            fn(arg, topic, partition, low, high);
+        }
+        if (md != NULL)
+            rd_kafka_metadata_destroy(md);
+        if (rkt != NULL)
+            rd_kafka_topic_destroy(rkt);
+    }
+    /* Brokers without ListGroups (librdkafka's mock cluster) leave the members unknown; a group
+     * the brokers do not list has none. */
+    const struct rd_kafka_group_list *groups = NULL;
+    if (status == CES_CONSUMER_OK &&
+        rd_kafka_list_groups(rk, config->kafka_group_id, &groups, INSPECT_TIMEOUT_MS) ==
+            RD_KAFKA_RESP_ERR_NO_ERROR) {
+        *members = groups->group_cnt > 0 ? groups->groups[0].member_cnt : 0;
+        snprintf(state, state_size, "%s",
+                 groups->group_cnt > 0 ? groups->groups[0].state : "Dead");
+    }
+    if (groups != NULL)
+        rd_kafka_group_list_destroy(groups);
+    rd_kafka_destroy(rk);
+    consumer_free(c);
+    return status;
+nomem:
+    rd_kafka_conf_destroy(conf);
+    if (c != NULL)
+        consumer_free(c);
+    snprintf(errstr, errstr_size, "out of memory");
+    return CES_CONSUMER_FATAL;
+}
+
 /* The feed: the pipeline sees the consumer only through these. */
 static ces_poll_status_t feed_poll(void *opaque, int timeout_ms, ces_record_t *record,
                                    char *errstr, size_t errstr_size) {

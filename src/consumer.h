@@ -64,6 +64,19 @@ ces_consumer_status_t ces_consumer_new(const ces_config_t *config,
  * NULL. */
 void ces_consumer_destroy(ces_consumer_t *consumer);
 
+/*
+ * For `ces2pg status`: asks the brokers about config's topics and group without joining it. Calls
+ * fn for every partition with its first and next offsets (low -1 when they could not be asked), and
+ * sets *members to the group's active members (-1 when unknown) and state (at most state_size
+ * bytes, e.g. "Stable", "Empty"). Returns CES_CONSUMER_OK, or an error in errstr.
+ */
+ces_consumer_status_t ces_consumer_inspect(const ces_config_t *config,
+                                           void (*fn)(void *arg, const char *topic,
+                                                      int32_t partition, int64_t low,
+                                                      int64_t high),
+                                           void *arg, int *members, char *state,
+                                           size_t state_size, char *errstr, size_t errstr_size);
+
 /* The consumer as the pipeline's feed (every operation of ces_feed_t). The feed refers to the
  * consumer, which must outlive its use. */
 void ces_consumer_feed(ces_consumer_t *consumer, ces_feed_t *feed);

@@ -98,4 +98,8 @@ const ces_field_t *ces_fields_find(const ces_field_t *fields, size_t count, cons
  * with C-style escapes so that every byte is visible. */
 void ces_event_dump(const ces_event_t *event, FILE *out);
 
+/* Parses an envelope time "YYYY-MM-DDTHH:MM:SS[.fraction][Z|+HH:MM|-HH:MM]" (no zone: UTC, as
+ * CES writes it) to seconds since the epoch. Returns 0, or -1 when malformed (it is untrusted). */
+int ces_event_parse_time(const char *text, double *seconds);
+
 #endif

@@ -166,6 +166,8 @@ static ces_pipeline_status_t flush(ces_pipeline_t *p, bool async, char *errstr,
         return CES_PIPELINE_OK;
     int64_t started_ms = ces_clock_now_ms();
     ces_release_sent(p, started_ms);
+    p->batch.retrying = p->options.retry_dead_letters;
+    p->batch.reorder_window_ms = p->order != NULL ? ces_window_ms(&p->late.window) : -1;
     /* The last part of a streamed transaction commits it: that one waits. */
     if (async && !(p->streaming && commit) &&
         (p->order == NULL || ces_order_set_in_flight(p->order, &p->batch) == 0))

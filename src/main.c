@@ -13,6 +13,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "admin.h"
 #include "apply.h"
 #include "clock.h"
 #include "config.h"
@@ -85,6 +86,21 @@ static void usage(FILE *out) {
             "  ces2pg replay -c FILE PATH...  apply records from files instead of Kafka: one record\n"
             "                                 per line, '{' starts a JSON record, any other line is\n"
             "                                 the base64 of a binary (Avro) record; PATH - is stdin\n"
+            "  ces2pg dead-letters -c FILE list [--class C] [--table SCHEMA.TABLE] [--json]\n"
+            "  ces2pg dead-letters -c FILE show ID [--json]\n"
+            "                                 the dead letters and the record of one (as replay\n"
+            "                                 reads it); classes: decode, no_primary_key,\n"
+            "                                 rejected_by_postgres, segment_timeout,\n"
+            "                                 reassembly_limit, type_conflict, schema\n"
+            "  ces2pg dead-letters -c FILE retry [--class C | ID...]\n"
+            "                                 apply them again through the daemon's path (the\n"
+            "                                 version guard keeps newer rows); what applies leaves\n"
+            "                                 the table, what fails again keeps its row, new reason\n"
+            "  ces2pg dead-letters -c FILE purge --before TIME\n"
+            "                                 delete those made before TIME (\"30 days\" or a time)\n"
+            "  ces2pg status -c FILE [--json] [--stale-after S] [--max-lag N]\n"
+            "                                 positions, lag, last commit, dead letters, source\n"
+            "                                 gaps; exit 0 OK, 1 WARNING, 2 CRITICAL, 3 UNKNOWN\n"
             "  ces2pg --version | --help\n"
             "\n"
             "Options:\n"
@@ -95,7 +111,8 @@ static void usage(FILE *out) {
             "\n"
             "Exit status: 0 clean stop (SIGTERM/SIGINT) or successful replay, 64 usage error,\n"
             "65 a gap at the source stopped it (kafka.on_source_gap), 78 configuration error,\n"
-            "1 any other fatal error.\n",
+            "1 any other fatal error; status: 0 OK, 1 WARNING, 2 CRITICAL, 3 UNKNOWN.\n"
+            "See ces2pg(8) and ces2pg.conf(5).\n",
             CES2PG_VERSION);
 }
 
@@ -213,21 +230,22 @@ static int check_config(const char *path) {
     return 0;
 }
 
-static int run_replay(const char *path, char *const *files, size_t nfiles) {
+/* Runs the daemon's pipeline over feed (replay's files, or dead letters to retry) against config's
+ * PostgreSQL, positions not stored, and prints "NAME: records=N applied=N dead_letters=N". Returns
+ * the exit status. */
+static int run_feed(const ces_config_t *config, ces_feed_t *feed, bool retrying,
+                    const char *name) {
     int rc = 1;
-    ces_config_t *config = load_config(path, CES_CONFIG_REPLAY);
-    if (config == NULL)
-        return EXIT_CONFIG;
     ces_decode_limits_t limits;
     fill_decode_limits(config, &limits);
     ces_pipeline_options_t popts;
     fill_pipeline_options(config, false, &popts);
+    popts.retry_dead_letters = retrying;
     ces_decoder_t *decoder = ces_decoder_new(&limits);
     ces_apply_t *apply = make_apply(config, NULL, NULL);
-    ces_replay_t *replay = ces_replay_new(files, nfiles);
     ces_pipeline_t *pipeline = NULL;
     char err[1024];
-    if (decoder == NULL || apply == NULL || replay == NULL ||
+    if (decoder == NULL || apply == NULL ||
         (pipeline = ces_pipeline_new(&popts, decoder, apply)) == NULL) {
         fprintf(stderr, "ces2pg: out of memory\n");
         goto done;
@@ -238,38 +256,52 @@ static int run_replay(const char *path, char *const *files, size_t nfiles) {
         rc = ast == CES_APPLY_INTERRUPTED ? 0 : 1;
         goto done;
     }
-    ces_feed_t feed;
-    ces_replay_feed(replay, &feed);
-    ces_pipeline_set_feed(pipeline, &feed);
+    ces_pipeline_set_feed(pipeline, feed);
     ces_pipeline_status_t st = ces_pipeline_run(pipeline, NULL, &stop_requested, err, sizeof(err));
     ces_pipeline_stats_t stats;
     ces_pipeline_get_stats(pipeline, &stats);
-    printf("replay: records=%llu applied=%llu dead_letters=%llu\n",
+    printf("%s: records=%llu applied=%llu dead_letters=%llu\n", name,
            (unsigned long long)stats.records, (unsigned long long)stats.events_applied,
            (unsigned long long)stats.dead_letters);
     if (stats.duplicates > 0 || stats.excluded > 0)
-        printf("replay: duplicates_skipped=%llu excluded=%llu\n",
+        printf("%s: duplicates_skipped=%llu excluded=%llu\n", name,
                (unsigned long long)stats.duplicates, (unsigned long long)stats.excluded);
     fflush(stdout);
     switch (st) {
     case CES_PIPELINE_OK: rc = 0; break;
     case CES_PIPELINE_STOPPED:
     case CES_PIPELINE_INTERRUPTED:
-        fprintf(stderr, "ces2pg: replay stopped by a signal before the end of its input\n");
+        fprintf(stderr, "ces2pg: %s stopped by a signal before the end of its input\n", name);
         rc = 1;
         break;
     case CES_PIPELINE_FATAL:
-    case CES_PIPELINE_SOURCE_GAP: /* files have no stored positions: never */
-        fprintf(stderr, "ces2pg: replay: %s\n", err);
+    case CES_PIPELINE_SOURCE_GAP: /* no stored positions here: never */
+        fprintf(stderr, "ces2pg: %s: %s\n", name, err);
         rc = 1;
         break;
     }
 done:
     /* The pipeline gives the records it holds back to the feed before the feed goes. */
     ces_pipeline_destroy(pipeline);
-    ces_replay_destroy(replay);
     ces_apply_destroy(apply);
     ces_decoder_destroy(decoder);
+    return rc;
+}
+
+static int run_replay(const char *path, char *const *files, size_t nfiles) {
+    ces_config_t *config = load_config(path, CES_CONFIG_REPLAY);
+    if (config == NULL)
+        return EXIT_CONFIG;
+    int rc = 1;
+    ces_replay_t *replay = ces_replay_new(files, nfiles);
+    if (replay == NULL) {
+        fprintf(stderr, "ces2pg: out of memory\n");
+    } else {
+        ces_feed_t feed;
+        ces_replay_feed(replay, &feed);
+        rc = run_feed(config, &feed, false, "replay");
+    }
+    ces_replay_destroy(replay);
     ces_config_destroy(config);
     return rc;
 }
@@ -591,10 +623,200 @@ done:
     return rc;
 }
 
+/* The options of the operator commands (after the command word). */
+typedef struct {
+    const char *config_path;
+    const char *class;
+    const char *table;
+    const char *before;
+    bool json;
+    int64_t stale_after_s;
+    int64_t max_lag;
+} command_options_t;
+
+/* Parses argv[1..] of `ces2pg COMMAND ...`; leaves the operands at argv[optind..]. Returns 0, -1
+ * after printing --help (the command then exits 0), or EXIT_USAGE after saying why. */
+static int parse_command(int argc, char **argv, command_options_t *o) {
+    enum { OPT_CLASS = 1000, OPT_TABLE, OPT_BEFORE, OPT_JSON, OPT_STALE, OPT_MAX_LAG };
+    static const struct option options[] = {
+        {"config", required_argument, NULL, 'c'},   {"class", required_argument, NULL, OPT_CLASS},
+        {"table", required_argument, NULL, OPT_TABLE}, {"before", required_argument, NULL, OPT_BEFORE},
+        {"json", no_argument, NULL, OPT_JSON},      {"stale-after", required_argument, NULL, OPT_STALE},
+        {"max-lag", required_argument, NULL, OPT_MAX_LAG}, {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0},
+    };
+    *o = (command_options_t){.stale_after_s = 300, .max_lag = 0};
+    optind = 2;
+    int opt;
+    char *end;
+    while ((opt = getopt_long(argc, argv, "c:h", options, NULL)) != -1) {
+        switch (opt) {
+        case 'c': o->config_path = optarg; break;
+        case 'h': usage(stdout); return -1;
+        case OPT_CLASS: o->class = optarg; break;
+        case OPT_TABLE: o->table = optarg; break;
+        case OPT_BEFORE: o->before = optarg; break;
+        case OPT_JSON: o->json = true; break;
+        case OPT_STALE:
+        case OPT_MAX_LAG: {
+            long long v = strtoll(optarg, &end, 10);
+            if (end == optarg || *end != '\0' || v < 0) {
+                fprintf(stderr, "ces2pg: --%s wants a number of %s, not '%s'\n",
+                        opt == OPT_STALE ? "stale-after" : "max-lag",
+                        opt == OPT_STALE ? "seconds" : "records", optarg);
+                return EXIT_USAGE;
+            }
+            *(opt == OPT_STALE ? &o->stale_after_s : &o->max_lag) = v;
+            break;
+        }
+        default: fprintf(stderr, "Try 'ces2pg --help'.\n"); return EXIT_USAGE;
+        }
+    }
+    if (o->config_path == NULL) {
+        fprintf(stderr, "ces2pg: a configuration file is required (-c FILE)\n");
+        return EXIT_USAGE;
+    }
+    return 0;
+}
+
+/* An id on the command line (positive), or -1 after saying why. */
+static int64_t parse_id(const char *text) {
+    char *end;
+    long long id = strtoll(text, &end, 10);
+    if (end == text || *end != '\0' || id <= 0) {
+        fprintf(stderr, "ces2pg: '%s' is not a dead letter id\n", text);
+        return -1;
+    }
+    return id;
+}
+
+/* dead-letters retry: the ids given, else every dead letter (of --class). */
+static int retry_dead_letters(const ces_config_t *config, ces_inspect_t *inspect,
+                              const command_options_t *o, char **operands, int noperands) {
+    char err[1024];
+    int64_t *ids = NULL;
+    long n = noperands;
+    if (noperands > 0) {
+        if ((ids = calloc((size_t)noperands, sizeof(*ids))) == NULL)
+            return 1;
+        for (int i = 0; i < noperands; i++)
+            if ((ids[i] = parse_id(operands[i])) < 0) {
+                free(ids);
+                return EXIT_USAGE;
+            }
+    } else if ((n = ces_inspect_dead_letter_ids(inspect, o->class, &ids, err, sizeof(err))) < 0) {
+        fprintf(stderr, "ces2pg: dead-letters retry: %s\n", err);
+        return 1;
+    }
+    char since[64];
+    if (ces_inspect_now(inspect, since, sizeof(since), err, sizeof(err)) != 0) {
+        fprintf(stderr, "ces2pg: dead-letters retry: %s\n", err);
+        free(ids);
+        return 1;
+    }
+    ces_retry_feed_t *retry = ces_retry_feed_new(inspect, ids, (size_t)n);
+    int rc = 1;
+    if (retry != NULL) {
+        ces_feed_t feed;
+        ces_retry_feed(retry, &feed);
+        rc = run_feed(config, &feed, true, "retry");
+    }
+    size_t nhanded = 0;
+    const int64_t *handed = retry != NULL ? ces_retry_feed_handed(retry, &nhanded) : NULL;
+    if (rc == 0 && nhanded > 0) {
+        /* Only after a run to the end: before it, a record not yet applied is not skipped. */
+        long skipped =
+            ces_inspect_retire_skipped(inspect, handed, nhanded, since, err, sizeof(err));
+        if (skipped < 0) {
+            fprintf(stderr, "ces2pg: dead-letters retry: %s\n", err);
+            rc = 1;
+        } else if (skipped > 0) {
+            printf("retry: removed %ld that the pipeline skipped (duplicates of records "
+                   "applied, or events of excluded tables)\n", skipped);
+        }
+    }
+    ces_retry_feed_destroy(retry);
+    free(ids);
+    return rc;
+}
+
+static int run_dead_letters(int argc, char **argv) {
+    command_options_t o;
+    int rc = parse_command(argc, argv, &o);
+    if (rc != 0)
+        return rc < 0 ? 0 : rc;
+    const char *action = optind < argc ? argv[optind++] : "";
+    char **operands = argv + optind;
+    int noperands = argc - optind;
+    bool list = strcmp(action, "list") == 0, show = strcmp(action, "show") == 0,
+         retry = strcmp(action, "retry") == 0, purge = strcmp(action, "purge") == 0;
+    if ((!list && !show && !retry && !purge) || (show && noperands != 1) ||
+        ((list || purge) && noperands != 0) || (purge && o.before == NULL) ||
+        (retry && noperands > 0 && o.class != NULL)) {
+        fprintf(stderr, "ces2pg: dead-letters wants list, show ID, retry [--class C | ID...] or "
+                        "purge --before TIME\nTry 'ces2pg --help'.\n");
+        return EXIT_USAGE;
+    }
+    ces_config_t *config = load_config(o.config_path, CES_CONFIG_REPLAY);
+    if (config == NULL)
+        return EXIT_CONFIG;
+    char err[1024];
+    ces_inspect_options_t io = {config->pg_conninfo, config->pg_password, config->schema_metadata,
+                                config->apply_version_column, config->kafka_group_id};
+    ces_inspect_t *inspect = ces_inspect_open(&io, err, sizeof(err));
+    rc = 1;
+    if (inspect == NULL) {
+        fprintf(stderr, "ces2pg: dead-letters: %s\n", err);
+    } else if (retry) {
+        rc = retry_dead_letters(config, inspect, &o, operands, noperands);
+    } else if (show) {
+        int64_t id = parse_id(operands[0]);
+        int found = id < 0 ? -2 : ces_admin_show(inspect, id, o.json, stdout, err, sizeof(err));
+        rc = found == 0 ? 0 : found == -2 ? EXIT_USAGE : 1;
+        if (found == 1)
+            fprintf(stderr, "ces2pg: no dead letter has id %lld\n", (long long)id);
+        else if (found == -1)
+            fprintf(stderr, "ces2pg: dead-letters show: %s\n", err);
+    } else {
+        int done = list ? ces_admin_list(inspect, o.class, o.table, o.json, stdout, err, sizeof(err))
+                        : ces_admin_purge(inspect, o.before, stdout, err, sizeof(err));
+        rc = done == 0 ? 0 : 1;
+        if (done != 0)
+            fprintf(stderr, "ces2pg: dead-letters %s: %s\n", action, err);
+    }
+    ces_inspect_close(inspect);
+    ces_config_destroy(config);
+    return rc;
+}
+
+static int run_status(int argc, char **argv) {
+    command_options_t o;
+    int rc = parse_command(argc, argv, &o);
+    if (rc != 0)
+        return rc < 0 ? 0 : rc;
+    if (optind < argc) {
+        fprintf(stderr, "ces2pg: unexpected argument '%s'\nTry 'ces2pg --help'.\n", argv[optind]);
+        return EXIT_USAGE;
+    }
+    ces_config_t *config = load_config(o.config_path, CES_CONFIG_DAEMON);
+    if (config == NULL)
+        return EXIT_CONFIG;
+    ces_admin_status_options_t so = {o.json, o.stale_after_s, o.max_lag};
+    rc = (int)ces_admin_status(config, &so, stdout, stderr);
+    ces_config_destroy(config);
+    return rc;
+}
+
 int main(int argc, char **argv) {
     /* librdkafka's threads would each get a malloc arena of their own; two keep the footprint of
      * a backlog from multiplying. */
     mallopt(M_ARENA_MAX, 2);
+    if (argc > 1 && strcmp(argv[1], "dead-letters") == 0) {
+        install_signals(false);
+        return run_dead_letters(argc, argv);
+    }
+    if (argc > 1 && strcmp(argv[1], "status") == 0)
+        return run_status(argc, argv);
     enum { OPT_CHECK_CONFIG = 1000 };
     static const struct option options[] = {
         {"config", required_argument, NULL, 'c'},

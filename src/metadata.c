@@ -13,7 +13,11 @@ struct ces_metadata_s {
     char *schema_quoted;
     char *tombstones;
     char *version_quoted;
+    /* Statements on the metadata tables (see metadata.h). */
     char *sql_dead_letter;
+    char *sql_dead_letter_again;
+    char *sql_dead_letters_retired;
+    char *sql_progress;
 };
 
 ces_metadata_t *ces_metadata_new(const char *schema, const char *version_column) {
@@ -34,7 +38,12 @@ static void forget_names(ces_metadata_t *m) {
     free(m->tombstones);
     free(m->version_quoted);
     free(m->sql_dead_letter);
-    m->schema_quoted = m->tombstones = m->version_quoted = m->sql_dead_letter = NULL;
+    free(m->sql_dead_letter_again);
+    free(m->sql_dead_letters_retired);
+    free(m->sql_progress);
+    m->schema_quoted = m->tombstones = m->version_quoted = NULL;
+    m->sql_dead_letter = m->sql_dead_letter_again = m->sql_dead_letters_retired = NULL;
+    m->sql_progress = NULL;
 }
 
 void ces_metadata_destroy(ces_metadata_t *m) {
@@ -68,7 +77,19 @@ static void add_ddl(ces_strbuf_t *sql, const char *schema) {
                         "  \"offset\" bigint,\n"
                         "  reason text NOT NULL,\n"
                         "  logicalid text,\n"
-                        "  payload bytea);\n"
+                        "  payload bytea,\n"
+                        "  class text,\n"
+                        "  source_table text,\n"
+                        "  retried_at timestamptz);\n"
+                        /* Dead-letter tables made before ces2pg classed and retried them. */
+                        "ALTER TABLE ");
+    ces_strbuf_add(sql, schema);
+    ces_strbuf_add(sql, ".dead_letters ADD COLUMN IF NOT EXISTS class text,"
+                        " ADD COLUMN IF NOT EXISTS source_table text,"
+                        " ADD COLUMN IF NOT EXISTS retried_at timestamptz;\n"
+                        "CREATE INDEX IF NOT EXISTS dead_letters_class ON ");
+    ces_strbuf_add(sql, schema);
+    ces_strbuf_add(sql, ".dead_letters (class);\n"
                         "CREATE TABLE IF NOT EXISTS ");
     ces_strbuf_add(sql, schema);
     ces_strbuf_add(sql, ".tombstones (\n"
@@ -91,7 +112,28 @@ static void add_ddl(ces_strbuf_t *sql, const char *schema) {
                         "  stored_position bigint NOT NULL,\n"
                         "  resumed_at bigint NOT NULL,\n"
                         "  skipped_records bigint,\n"
-                        "  reason text NOT NULL);\n");
+                        "  reason text NOT NULL);\n"
+                        "CREATE TABLE IF NOT EXISTS ");
+    ces_strbuf_add(sql, schema);
+    ces_strbuf_add(sql, ".progress (\n"
+                        "  group_id text PRIMARY KEY,\n"
+                        "  last_commit_lsn text,\n"
+                        "  last_commit_time timestamptz,\n"
+                        "  reorder_window_ms bigint,\n"
+                        "  updated_at timestamptz NOT NULL DEFAULT now());\n");
+}
+
+/* One statement naming the schema: prefix, the quoted schema, suffix. NULL when out of memory. */
+static char *statement(const char *prefix, const char *schema, const char *suffix) {
+    ces_strbuf_t sql = {0};
+    ces_strbuf_add(&sql, prefix);
+    ces_strbuf_add(&sql, schema);
+    ces_strbuf_add(&sql, suffix);
+    if (sql.failed) {
+        ces_strbuf_free(&sql);
+        return NULL;
+    }
+    return sql.buf;
 }
 
 /* The quoted names and the dead-letter statement, for the session's connection. */
@@ -105,17 +147,28 @@ static int make_names(ces_metadata_t *m, const ces_session_t *session) {
     if (m->tombstones == NULL)
         return -1;
     sprintf(m->tombstones, "%s.tombstones", m->schema_quoted);
-    ces_strbuf_t dl = {0};
-    ces_strbuf_add(&dl, "INSERT INTO ");
-    ces_strbuf_add(&dl, m->schema_quoted);
-    ces_strbuf_add(&dl, ".dead_letters (topic, partition, \"offset\", reason, logicalid, payload)"
-                        " VALUES ($1, $2, $3, $4, $5, $6)");
-    if (dl.failed) {
-        ces_strbuf_free(&dl);
-        return -1;
-    }
-    m->sql_dead_letter = dl.buf;
-    return 0;
+    const char *q = m->schema_quoted;
+    m->sql_dead_letter = statement(
+        "INSERT INTO ", q,
+        ".dead_letters (topic, partition, \"offset\", reason, logicalid, payload, class,"
+        " source_table) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)");
+    m->sql_dead_letter_again = statement(
+        "UPDATE ", q,
+        ".dead_letters SET reason = $1, class = $2, source_table = coalesce($3, source_table),"
+        " retried_at = now() WHERE id = ANY ($4::bigint[])");
+    m->sql_dead_letters_retired =
+        statement("DELETE FROM ", q, ".dead_letters WHERE id = ANY ($1::bigint[])");
+    m->sql_progress = statement(
+        "INSERT INTO ", q,
+        ".progress AS p (group_id, last_commit_lsn, last_commit_time, reorder_window_ms)"
+        " VALUES ($1, $2, to_timestamp($3::double precision), $4) ON CONFLICT (group_id) DO"
+        " UPDATE SET last_commit_lsn = coalesce(EXCLUDED.last_commit_lsn, p.last_commit_lsn),"
+        " last_commit_time = coalesce(EXCLUDED.last_commit_time, p.last_commit_time),"
+        " reorder_window_ms = EXCLUDED.reorder_window_ms, updated_at = now()");
+    return m->sql_dead_letter && m->sql_dead_letter_again && m->sql_dead_letters_retired &&
+                   m->sql_progress
+               ? 0
+               : -1;
 }
 
 int ces_metadata_setup(ces_metadata_t *m, ces_session_t *session, ces_pgerr_t *e) {
@@ -144,3 +197,10 @@ const char *ces_metadata_schema_quoted(const ces_metadata_t *m) { return m->sche
 const char *ces_metadata_tombstones(const ces_metadata_t *m) { return m->tombstones; }
 const char *ces_metadata_version_quoted(const ces_metadata_t *m) { return m->version_quoted; }
 const char *ces_metadata_dead_letter_sql(const ces_metadata_t *m) { return m->sql_dead_letter; }
+const char *ces_metadata_dead_letter_again_sql(const ces_metadata_t *m) {
+    return m->sql_dead_letter_again;
+}
+const char *ces_metadata_dead_letters_retired_sql(const ces_metadata_t *m) {
+    return m->sql_dead_letters_retired;
+}
+const char *ces_metadata_progress_sql(const ces_metadata_t *m) { return m->sql_progress; }

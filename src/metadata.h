@@ -3,9 +3,10 @@
  *
  * It holds offsets (the consumer positions, fenced: positions.h), dead_letters (what could not be
  * applied, with the record's bytes), tombstones (the versions of deleted keys, so that an older
- * change resent late cannot bring a row back; see docs/semantics.md) and source_gaps (stored
- * positions that were gone from the broker, and where reading resumed: positions.h). The DDL is
- * idempotent and
+ * change resent late cannot bring a row back; see docs/semantics.md), source_gaps (stored
+ * positions that were gone from the broker, and where reading resumed: positions.h) and progress
+ * (per group, the last commit applied and the reorder window in force, for `ces2pg status`). The
+ * DDL is idempotent and
  * tolerates another instance running it at the same moment; it runs on every new connection.
  */
 #ifndef CES_METADATA_H
@@ -34,7 +35,16 @@ const char *ces_metadata_schema_quoted(const ces_metadata_t *metadata);  /* "ces
 const char *ces_metadata_tombstones(const ces_metadata_t *metadata);     /* "ces2pg".tombstones */
 const char *ces_metadata_version_quoted(const ces_metadata_t *metadata); /* "_ces_lsn" */
 /* INSERT INTO <schema>.dead_letters with parameters $1 topic, $2 partition, $3 offset, $4 reason,
- * $5 logicalid, $6 payload (binary). */
+ * $5 logicalid, $6 payload (binary), $7 class (ces_dl_class_name), $8 source table ("schema.table",
+ * NULL when the record was not decoded). */
 const char *ces_metadata_dead_letter_sql(const ces_metadata_t *metadata);
+/* A retried dead letter that failed again keeps its row with the new reason: $1 reason, $2 class,
+ * $3 source table (NULL keeps the old), $4 the ids (bigint[] text). */
+const char *ces_metadata_dead_letter_again_sql(const ces_metadata_t *metadata);
+/* Retried dead letters that applied leave the table: $1 the ids (bigint[] text). */
+const char *ces_metadata_dead_letters_retired_sql(const ces_metadata_t *metadata);
+/* The group's progress, one row per group: $1 group, $2 last commit LSN applied, $3 its commit
+ * time (seconds since the epoch; NULL keeps the old), $4 the reorder window in force (ms). */
+const char *ces_metadata_progress_sql(const ces_metadata_t *metadata);
 
 #endif

@@ -121,47 +121,6 @@ void ces_metrics_destroy(ces_metrics_t *m) {
     free(m);
 }
 
-int ces_metrics_parse_time(const char *text, double *seconds) {
-    struct tm tm;
-    memset(&tm, 0, sizeof(tm));
-    int n = 0;
-    if (text == NULL || sscanf(text, "%4d-%2d-%2dT%2d:%2d:%2d%n", &tm.tm_year, &tm.tm_mon,
-                               &tm.tm_mday, &tm.tm_hour, &tm.tm_min, &tm.tm_sec, &n) != 6 ||
-        n != 19)
-        return -1;
-    if (tm.tm_mon < 1 || tm.tm_mon > 12 || tm.tm_mday < 1 || tm.tm_mday > 31 || tm.tm_hour > 23 ||
-        tm.tm_min > 59 || tm.tm_sec > 60)
-        return -1;
-    tm.tm_year -= 1900;
-    tm.tm_mon -= 1;
-    const char *p = text + n;
-    double frac = 0, scale = 0.1;
-    if (*p == '.') {
-        p++;
-        if (*p < '0' || *p > '9')
-            return -1;
-        for (; *p >= '0' && *p <= '9'; p++, scale /= 10)
-            frac += (*p - '0') * scale;
-    }
-    long offset = 0;
-    if (*p == 'Z' || *p == 'z') {
-        p++;
-    } else if (*p == '+' || *p == '-') {
-        int hh, mm, k = 0;
-        if (sscanf(p + 1, "%2d:%2d%n", &hh, &mm, &k) != 2 || k != 5)
-            return -1;
-        offset = (*p == '+' ? 1 : -1) * (hh * 3600L + mm * 60L);
-        p += 6;
-    }
-    /* No zone at all: CES writes UTC. */
-    if (*p != '\0')
-        return -1;
-    time_t t = timegm(&tm);
-    if (t == (time_t)-1)
-        return -1;
-    *seconds = (double)t - (double)offset + frac;
-    return 0;
-}
 
 static table_counts_t *table_for(ces_metrics_t *m, const ces_event_t *ev) {
     char name[512];
@@ -238,7 +197,7 @@ void ces_metrics_add_batch(ces_metrics_t *m, const ces_batch_t *batch, double se
             time_text = batch->items[i - 1].event.time;
     }
     double commit_time = 0;
-    bool has_time = time_text != NULL && ces_metrics_parse_time(time_text, &commit_time) == 0;
+    bool has_time = time_text != NULL && ces_event_parse_time(time_text, &commit_time) == 0;
     struct timespec now;
     clock_gettime(CLOCK_REALTIME, &now);
 

@@ -71,8 +71,4 @@ void ces_metrics_summary(ces_metrics_t *metrics, ces_metrics_summary_t *summary)
  */
 int ces_metrics_render(ces_metrics_t *metrics, char **out, size_t *len);
 
-/* Parses an envelope time "YYYY-MM-DDTHH:MM:SS[.fraction](Z|+HH:MM|-HH:MM)" to seconds since the
- * epoch. Returns 0, or -1 when malformed. */
-int ces_metrics_parse_time(const char *text, double *seconds);
-
 #endif

@@ -38,6 +38,7 @@ typedef struct {
     int poll_ms;        /* the longest wait for a record when nothing else is due */
     bool store_offsets; /* false for replay: positions of files are not stored */
     bool stop_on_source_gap; /* kafka.on_source_gap = "stop": a gap stops the loop */
+    bool retry_dead_letters; /* the records are dead letters being retried (offset: the row's id) */
     ces_reasm_limits_t reasm;
     ces_ordering_t ordering;
     int64_t reorder_window_ms;     /* how long a caught-up partition must be quiet, at first */

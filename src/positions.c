@@ -208,6 +208,8 @@ void ces_positions_update_params(const ces_positions_t *p, const ces_offset_upda
     params->values[4] = o->has_expected ? params->expected : NULL;
 }
 
+const char *ces_positions_group(const ces_positions_t *p) { return p->group_id; }
+
 const char *ces_positions_gap_sql(const ces_positions_t *p) { return p->sql_gap; }
 
 void ces_positions_gap_params(const ces_positions_t *p, const ces_source_gap_t *gap,

@@ -131,6 +131,8 @@ typedef struct {
 ces_positions_t *ces_positions_new(const char *group_id) __attribute__((warn_unused_result));
 /* Accepts NULL. */
 void ces_positions_destroy(ces_positions_t *positions);
+/* The consumer group (owned by positions). */
+const char *ces_positions_group(const ces_positions_t *positions);
 
 /* Builds the statements for the metadata schema (quoted, as ces_metadata_schema_quoted gives it).
  * Returns 0, or -1 when out of memory. */

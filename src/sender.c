@@ -7,9 +7,11 @@
 #include <string.h>
 
 #include "bulk.h"
+#include "decode.h"
 #include "log.h"
 #include "map.h"
 #include "sqltext.h"
+#include "strbuf.h"
 #include "types.h"
 
 typedef struct {
@@ -805,32 +807,126 @@ static char *utf8_sanitize(const char *s) {
     return out;
 }
 
-int ces_sender_dead_letter(ces_sender_t *s, long idx, const ces_item_t *item) {
-    char partition[16], offset[24];
+/* The ids of the dead letters item was retried from, as a bigint[] literal ("{3,7}"); NULL when
+ * out of memory. */
+static char *retried_ids(const ces_item_t *item) {
+    ces_strbuf_t ids = {0};
+    ces_strbuf_add(&ids, "{");
+    for (size_t m = 0; m <= item->nmore_sources; m++) {
+        const ces_source_t *src = m == 0 ? &item->source : &item->more_sources[m - 1];
+        ces_strbuf_addf(&ids, "%s%lld", m ? "," : "", (long long)src->offset);
+    }
+    ces_strbuf_add(&ids, "}");
+    if (ids.failed) {
+        ces_strbuf_free(&ids);
+        return NULL;
+    }
+    return ids.buf;
+}
+
+int ces_sender_dead_letter(ces_sender_t *s, long idx, const ces_item_t *item, bool retrying) {
+    char partition[16], offset[24], table[2 * CES_DECODE_MAX_NAME_BYTES + 2];
     snprintf(partition, sizeof(partition), "%d", (int)item->source.partition);
     snprintf(offset, sizeof(offset), "%lld", (long long)item->source.offset);
+    const char *parts[] = {item->event.schema, item->event.table};
+    bool decoded = item->event.table != NULL && item->event.schema != NULL;
+    if (decoded)
+        ces_map_key(table, sizeof(table), '.', parts, 2);
     char *reason = utf8_sanitize(item->reason ? item->reason : "unknown");
     char *topic = utf8_sanitize(item->source.topic ? item->source.topic : "");
     char *logicalid = item->logicalid ? utf8_sanitize(item->logicalid) : NULL;
+    char *source_table = decoded ? utf8_sanitize(table) : NULL;
+    char *ids = retrying ? retried_ids(item) : NULL;
     int rc = -1;
-    if (reason == NULL || topic == NULL || (item->logicalid && logicalid == NULL)) {
+    if (reason == NULL || topic == NULL || (item->logicalid && logicalid == NULL) ||
+        (decoded && source_table == NULL) || (retrying && ids == NULL)) {
         out_of_memory(s);
         goto done;
     }
-    const char *values[6] = {topic, partition, offset, reason, logicalid, item->raw};
-    int lengths[6] = {0, 0, 0, 0, 0, (int)item->raw_len};
-    int formats[6] = {0, 0, 0, 0, 0, 1};
+    const char *class = ces_dl_class_name(item->dl_class);
+    if (retrying) {
+        const char *values[4] = {reason, class, source_table, ids};
+        rc = sent(s,
+                  PQsendQueryParams(conn_of(s), ces_metadata_dead_letter_again_sql(s->metadata), 4,
+                                    NULL, values, NULL, NULL, 0),
+                  PEND_DEAD_LETTER, idx, NULL);
+        goto done;
+    }
+    const char *values[8] = {topic, partition, offset, reason, logicalid, item->raw, class,
+                             source_table};
+    int lengths[8] = {0, 0, 0, 0, 0, (int)item->raw_len, 0, 0};
+    int formats[8] = {0, 0, 0, 0, 0, 1, 0, 0};
     if (item->raw == NULL)
         values[5] = NULL;
     rc = sent(s,
-              PQsendQueryParams(conn_of(s), ces_metadata_dead_letter_sql(s->metadata), 6, NULL,
+              PQsendQueryParams(conn_of(s), ces_metadata_dead_letter_sql(s->metadata), 8, NULL,
                                 values, lengths, formats, 0),
               PEND_DEAD_LETTER, idx, NULL);
 done:
     free(reason);
     free(topic);
     free(logicalid);
+    free(source_table);
+    free(ids);
     return rc;
+}
+
+/* The dead letters retried into batch's events that applied leave the table with them. */
+static int send_retired(ces_sender_t *s, const ces_batch_t *batch) {
+    ces_strbuf_t ids = {0};
+    size_t n = 0;
+    ces_strbuf_add(&ids, "{");
+    for (size_t i = 0; i < batch->count; i++) {
+        const ces_item_t *item = &batch->items[i];
+        if (item->kind != CES_ITEM_EVENT)
+            continue;
+        for (size_t m = 0; m <= item->nmore_sources; m++) {
+            const ces_source_t *src = m == 0 ? &item->source : &item->more_sources[m - 1];
+            ces_strbuf_addf(&ids, "%s%lld", n++ ? "," : "", (long long)src->offset);
+        }
+    }
+    ces_strbuf_add(&ids, "}");
+    int rc = -1;
+    if (ids.failed) {
+        out_of_memory(s);
+    } else if (n == 0) {
+        rc = 0;
+    } else {
+        const char *values[1] = {ids.buf};
+        rc = sent(s,
+                  PQsendQueryParams(conn_of(s), ces_metadata_dead_letters_retired_sql(s->metadata),
+                                    1, NULL, values, NULL, NULL, 0),
+                  PEND_OTHER, -1, NULL);
+    }
+    ces_strbuf_free(&ids);
+    return rc;
+}
+
+/* The group's progress: the newest commit the batch applies, and the window in force. */
+static int send_progress(ces_sender_t *s, const ces_batch_t *batch) {
+    const ces_item_t *newest = NULL;
+    for (size_t i = 0; i < batch->count; i++) {
+        const ces_item_t *item = &batch->items[i];
+        if (item->kind == CES_ITEM_EVENT &&
+            (newest == NULL ||
+             ces_position_compare(&item->event.position, &newest->event.position) > 0))
+            newest = item;
+    }
+    if (newest == NULL)
+        return 0;
+    char lsn[23], time[32], window[24];
+    double seconds;
+    ces_lsn_format(newest->event.position.commit_lsn, lsn);
+    bool has_time = ces_event_parse_time(newest->event.time, &seconds) == 0;
+    if (has_time)
+        snprintf(time, sizeof(time), "%.6f", seconds);
+    snprintf(window, sizeof(window), "%lld", (long long)batch->reorder_window_ms);
+    const char *values[4] = {ces_positions_group(s->positions), lsn, has_time ? time : NULL,
+                             batch->reorder_window_ms >= 0 ? window : NULL};
+    return sent(s,
+                PQsendQueryParams(conn_of(s), ces_metadata_progress_sql(s->metadata), 4, NULL,
+                                  values, NULL, NULL, 0),
+                PEND_OTHER, -1, NULL);
 }
 
 int ces_sender_positions(ces_sender_t *s, const ces_batch_t *batch) {
@@ -844,6 +940,8 @@ int ces_sender_positions(ces_sender_t *s, const ces_batch_t *batch) {
                  PEND_OFFSET, (long)i, NULL) != 0)
             return -1;
     }
+    if (batch->retrying ? send_retired(s, batch) != 0 : send_progress(s, batch) != 0)
+        return -1;
     for (size_t i = 0; i < batch->ngaps; i++) {
         ces_positions_gap_params_t params;
         ces_positions_gap_params(s->positions, &batch->gaps[i], &params);

@@ -70,14 +70,17 @@ int ces_sender_simple(ces_sender_t *sender, const char *sql) __attribute__((warn
  * cannot be applied (it lacks a key value) is not sent: *reject says why. */
 int ces_sender_event(ces_sender_t *sender, long idx, ces_item_t *item, ces_catalog_table_t *table,
                      ces_reject_t *reject) __attribute__((warn_unused_result));
-/* Sends the dead letter of batch item idx. */
-int ces_sender_dead_letter(ces_sender_t *sender, long idx, const ces_item_t *item)
+/* Sends the dead letter of batch item idx: a new row, or with retrying (`dead-letters retry`) the
+ * new reason of the rows it was retried from. */
+int ces_sender_dead_letter(ces_sender_t *sender, long idx, const ces_item_t *item, bool retrying)
     __attribute__((warn_unused_result));
 /* Syncs and reads the results when CES_SENDER_PIPELINE_CHUNK statements wait. */
 int ces_sender_maybe_sync(ces_sender_t *sender) __attribute__((warn_unused_result));
 /* Sends every gathered bulk statement. */
 int ces_sender_flush_bulk(ces_sender_t *sender) __attribute__((warn_unused_result));
-/* Sends the fenced update of every position of batch. */
+/* Sends what the batch's transaction records besides its changes: the fenced positions, the
+ * source gaps they move past, and the group's progress (or, retrying, the removal of the dead
+ * letters that applied). */
 int ces_sender_positions(ces_sender_t *sender, const ces_batch_t *batch)
     __attribute__((warn_unused_result));
 /* Sends the COMMIT of a whole transaction (an answer other than COMMIT is an error). */

@@ -238,3 +238,26 @@ const char *ces_types_convert(ces_conv_t conv, const char *value, size_t len, ce
     }
     return value;
 }
+
+char *ces_base64_encode(const void *data, size_t len) {
+    static const char alphabet[] =
+        "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    const unsigned char *in = data;
+    char *out = malloc((len + 2) / 3 * 4 + 1);
+    if (out == NULL)
+        return NULL;
+    size_t o = 0;
+    for (size_t i = 0; i < len; i += 3) {
+        uint32_t v = (uint32_t)in[i] << 16;
+        if (i + 1 < len)
+            v |= (uint32_t)in[i + 1] << 8;
+        if (i + 2 < len)
+            v |= in[i + 2];
+        out[o++] = alphabet[(v >> 18) & 63];
+        out[o++] = alphabet[(v >> 12) & 63];
+        out[o++] = i + 1 < len ? alphabet[(v >> 6) & 63] : '=';
+        out[o++] = i + 2 < len ? alphabet[v & 63] : '=';
+    }
+    out[o] = '\0';
+    return out;
+}

@@ -44,5 +44,8 @@ const char *ces_types_convert(ces_conv_t conv, const char *value, size_t len, ce
 /* Decodes standard base64 (padding optional, no whitespace inside) from in[0..len) into out, which
  * must hold len * 3 / 4 + 3 bytes. Returns the decoded length, or -1 when in is not base64. */
 long ces_base64_decode(const char *in, size_t len, unsigned char *out);
+/* Encodes data[0..len) in standard base64 with padding into a new NUL-terminated string (free it);
+ * NULL when out of memory. */
+char *ces_base64_encode(const void *data, size_t len);
 
 #endif

@@ -10,19 +10,19 @@
 static void parses_envelope_times(void **state) {
     (void)state;
     double t;
-    assert_int_equal(ces_metrics_parse_time("2025-03-14T16:51:39.613Z", &t), 0);
+    assert_int_equal(ces_event_parse_time("2025-03-14T16:51:39.613Z", &t), 0);
     assert_true(t > 1741971099.612 && t < 1741971099.614);
-    assert_int_equal(ces_metrics_parse_time("2025-03-14T16:51:39Z", &t), 0);
+    assert_int_equal(ces_event_parse_time("2025-03-14T16:51:39Z", &t), 0);
     assert_true(t == 1741971099.0);
-    assert_int_equal(ces_metrics_parse_time("2025-03-14T18:51:39.5+02:00", &t), 0);
+    assert_int_equal(ces_event_parse_time("2025-03-14T18:51:39.5+02:00", &t), 0);
     assert_true(t == 1741971099.5);
-    assert_int_equal(ces_metrics_parse_time("2025-03-14T16:51:39.1234567", &t), 0);
+    assert_int_equal(ces_event_parse_time("2025-03-14T16:51:39.1234567", &t), 0);
     static const char *const bad[] = {"", "2025-03-14", "2025-13-14T16:51:39Z",
                                       "2025-03-14T16:51:39.Z", "2025-03-14T16:51:39Zjunk",
                                       "2025-03-14 16:51:39Z", "2025-03-14T16:51:39+0200"};
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
-        assert_int_equal(ces_metrics_parse_time(bad[i], &t), -1);
-    assert_int_equal(ces_metrics_parse_time(NULL, &t), -1);
+        assert_int_equal(ces_event_parse_time(bad[i], &t), -1);
+    assert_int_equal(ces_event_parse_time(NULL, &t), -1);
 }
 
 static ces_item_t dead(const char *reason, ces_dl_class_t cls) {
