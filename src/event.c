@@ -65,6 +65,13 @@ int ces_lsn_parse_compact(const char *text, size_t len, ces_lsn_t *lsn) {
     return 0;
 }
 
+int ces_lsn_parse_operator(const char *text, ces_lsn_t *lsn) {
+    size_t len = strlen(text);
+    if (len == 22 && text[0] == '0' && (text[1] == 'x' || text[1] == 'X'))
+        return ces_lsn_parse_compact(text + 2, 20, lsn);
+    return ces_lsn_parse(text, len, lsn);
+}
+
 int ces_lsn_compare(ces_lsn_t a, ces_lsn_t b) {
     if (a.high != b.high)
         return a.high < b.high ? -1 : 1;
@@ -114,6 +121,14 @@ void ces_version_format(const ces_position_t *p, char *buf, size_t size) {
         n = size - 1;
     memcpy(buf, text, n);
     buf[n] = '\0';
+}
+
+void ces_version_ceiling(ces_lsn_t lsn, char *buf, size_t size) {
+    char text[25 + 20 + 1];
+    ces_version_format(&(ces_position_t){.commit_lsn = lsn, .sequence = 0}, text, sizeof(text));
+    size_t n = strlen(text);
+    memset(text + n - 20, '9', 20);
+    snprintf(buf, size, "%s", text);
 }
 
 const char *ces_op_name(ces_op_t op) {

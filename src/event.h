@@ -71,6 +71,11 @@ typedef struct {
 int ces_lsn_parse(const char *text, size_t len, ces_lsn_t *lsn);
 /* Parses the 20 hex digits of a logicalid's LSN part (8 + 8 + 4, no separators). */
 int ces_lsn_parse_compact(const char *text, size_t len, ces_lsn_t *lsn);
+/* Parses an LSN as SQL Server prints it for an operator: "0x" and 20 hex digits (binary(10), as
+ * sys.fn_cdc_get_max_lsn returns it) or "VLF:block:slot" (as CES writes commitlsn and
+ * sys.dm_db_log_stats its log_end_lsn). Nothing else: no spaces, no other prefix. Returns 0, or
+ * -1 when malformed. */
+int ces_lsn_parse_operator(const char *text, ces_lsn_t *lsn);
 int ces_lsn_compare(ces_lsn_t a, ces_lsn_t b);
 /* Writes "VVVVVVVV:BBBBBBBB:SSSS" (22 characters and a NUL) into buf. */
 void ces_lsn_format(ces_lsn_t lsn, char buf[23]);
@@ -80,6 +85,11 @@ int ces_position_compare(const ces_position_t *a, const ces_position_t *b);
 /* Writes the position as one decimal number ordered like (commit LSN, sequence): the LSN as an
  * integer followed by the sequence in 20 digits. This is what the per-row version column holds. */
 void ces_version_format(const ces_position_t *position, char *buf, size_t size);
+
+/* Writes the highest version any change committed at lsn can have (the LSN followed by twenty
+ * nines, above every sequence number): a row marked with it loses to every change committed after
+ * lsn and wins against every change committed at or before it. */
+void ces_version_ceiling(ces_lsn_t lsn, char *buf, size_t size);
 
 const char *ces_op_name(ces_op_t op);
 

@@ -84,6 +84,55 @@ static void version_is_one_ordered_number(void **state) {
     assert_int_equal(buf[0], 'x');
 }
 
+static void operator_lsn_forms(void **state) {
+    (void)state;
+    ces_lsn_t a, b = lsn("0000002A:000001F0:0003");
+    assert_int_equal(ces_lsn_parse_operator("0x0000002A000001F00003", &a), 0);
+    assert_int_equal(ces_lsn_compare(a, b), 0);
+    assert_int_equal(ces_lsn_parse_operator("0X0000002a000001f00003", &a), 0);
+    assert_int_equal(ces_lsn_compare(a, b), 0);
+    assert_int_equal(ces_lsn_parse_operator("0000002A:000001F0:0003", &a), 0);
+    assert_int_equal(ces_lsn_compare(a, b), 0);
+    static const char *bad[] = {
+        "",  "0x", "0x0000002A000001F0000", "0x0000002A000001F000033", "0000002A000001F00003",
+        "0x0000002A:000001F0:0003", " 0x0000002A000001F00003", "0x0000002A000001F0000G",
+        "x0000002A000001F00003", "0000002A:000001F0:0003\n", "42",
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        if (ces_lsn_parse_operator(bad[i], &a) == 0)
+            fail_msg("accepted malformed LSN '%s'", bad[i]);
+    }
+}
+
+/* Numeric order of two versions (decimal digits, no leading zeros beyond the sequence's). */
+static int version_cmp(const char *a, const char *b) {
+    size_t la = strlen(a), lb = strlen(b);
+    if (la != lb)
+        return la < lb ? -1 : 1;
+    return strcmp(a, b);
+}
+
+static void ceiling_splits_at_the_lsn(void **state) {
+    (void)state;
+    char ceiling[64], v[64];
+    ces_lsn_t at = lsn("27:1A8:3");
+    ces_version_ceiling(at, ceiling, sizeof(ceiling));
+    assert_string_equal(ceiling, "10977524119502851" "99999999999999999999");
+    ces_position_t last_at = {at, UINT64_MAX}, first_after = {lsn("27:1A8:4"), 0},
+                   before = {lsn("27:1A8:2"), UINT64_MAX};
+    ces_version_format(&last_at, v, sizeof(v));
+    assert_true(version_cmp(v, ceiling) < 0);
+    ces_version_format(&before, v, sizeof(v));
+    assert_true(version_cmp(v, ceiling) < 0);
+    ces_version_format(&first_after, v, sizeof(v));
+    assert_true(version_cmp(v, ceiling) > 0);
+    /* The 80-bit top and zero. */
+    ces_version_ceiling((ces_lsn_t){0, 0}, ceiling, sizeof(ceiling));
+    assert_string_equal(ceiling, "0" "99999999999999999999");
+    ces_version_ceiling((ces_lsn_t){0xFFFFFFFFu, 0xFFFFFFFFFFFFULL}, ceiling, sizeof(ceiling));
+    assert_string_equal(ceiling, "1208925819614629174706175" "99999999999999999999");
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(parse_and_format),
@@ -92,6 +141,8 @@ int main(void) {
         cmocka_unit_test(compact_form_of_logicalid),
         cmocka_unit_test(position_order),
         cmocka_unit_test(version_is_one_ordered_number),
+        cmocka_unit_test(operator_lsn_forms),
+        cmocka_unit_test(ceiling_splits_at_the_lsn),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
