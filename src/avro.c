@@ -193,7 +193,7 @@ static void window_end(void) {
 
 size_t ces_avro_swept_blocks(void) { return guard.swept; }
 
-static void install_allocator(void) {
+void ces_avro_install_allocator(void) {
     static bool installed = false;
     if (!installed) {
         avro_set_allocator(guard_alloc, NULL);
@@ -221,7 +221,7 @@ static int make_class(const char *json, size_t len, avro_schema_t *schema,
 }
 
 ces_avro_t *ces_avro_new(const ces_json_limits_t *json_limits, char *errstr, size_t errstr_size) {
-    install_allocator();
+    ces_avro_install_allocator();
     ces_avro_t *a = calloc(1, sizeof(*a));
     if (a == NULL) {
         snprintf(errstr, errstr_size, "out of memory");
@@ -276,9 +276,9 @@ bool ces_avro_is_container(const void *record, size_t len) {
         return CES_AVRO_INVALID;                                                                   \
     } while (0)
 
-/* The reason for a failed avro_value_read. */
-static ces_avro_status_t read_failed(const char *what, size_t input_len, char *errstr,
-                                     size_t errstr_size) {
+/* The reason for a failed avro_value_read of a value of the schema called schema_name. */
+static ces_avro_status_t read_failed(const char *what, const char *schema_name, size_t input_len,
+                                     char *errstr, size_t errstr_size) {
     if (guard.refused != 0) {
         if (guard.refused > SIZE_MAX / 2)
             INVALID("%s: a negative length prefix", what);
@@ -294,24 +294,40 @@ static ces_avro_status_t read_failed(const char *what, size_t input_len, char *e
     size_t n = strlen(msg);
     while (n > 0 && (msg[n - 1] == '\n' || msg[n - 1] == ' ' || msg[n - 1] == ':'))
         n--;
-    INVALID("%s: malformed Avro (truncated, or not the CES schema): %.*s", what, (int)n, msg);
+    INVALID("%s: malformed Avro (truncated, or not the %s schema): %.*s", what, schema_name,
+            (int)n, msg);
 }
 
 /* Reads one value of class iface from reader into *value (which the caller decrefs when
  * value->iface is set). */
-static ces_avro_status_t read_value(avro_reader_t reader, avro_value_iface_t *iface,
-                                    avro_value_t *value, const char *what, size_t input_len,
-                                    char *errstr, size_t errstr_size) {
+static ces_avro_status_t read_schema_value(avro_reader_t reader, avro_value_iface_t *iface,
+                                           avro_value_t *value, const char *what,
+                                           const char *schema_name, size_t input_len,
+                                           char *errstr, size_t errstr_size) {
     value->iface = NULL;
     /* avro-c prefixes some messages to whatever its error buffer holds: start from empty. */
     avro_set_error("%s", "");
     if (avro_generic_value_new(iface, value) != 0) {
         value->iface = NULL;
-        return read_failed(what, input_len, errstr, errstr_size);
+        return read_failed(what, schema_name, input_len, errstr, errstr_size);
     }
     if (avro_value_read(reader, value) != 0)
-        return read_failed(what, input_len, errstr, errstr_size);
+        return read_failed(what, schema_name, input_len, errstr, errstr_size);
     return CES_AVRO_OK;
+}
+
+static ces_avro_status_t read_value(avro_reader_t reader, avro_value_iface_t *iface,
+                                    avro_value_t *value, const char *what, size_t input_len,
+                                    char *errstr, size_t errstr_size) {
+    return read_schema_value(reader, iface, value, what, "CES", input_len, errstr, errstr_size);
+}
+
+ces_avro_status_t ces_avro_read_value(avro_reader_t reader, avro_value_iface_t *iface,
+                                      avro_value_t *value, const char *what,
+                                      const char *schema_name, size_t input_len, char *errstr,
+                                      size_t errstr_size) {
+    return read_schema_value(reader, iface, value, what, schema_name, input_len, errstr,
+                             errstr_size);
 }
 
 static bool at_end(avro_reader_t reader) {
@@ -688,6 +704,15 @@ ces_avro_status_t ces_avro_read_envelope(ces_avro_t *a, ces_arena_t *arena, cons
     window_end();
     pthread_mutex_unlock(&avro_lock);
     return st;
+}
+
+int ces_avro_guarded(size_t input_len, size_t max_items, int (*fn)(void *arg), void *arg) {
+    pthread_mutex_lock(&avro_lock);
+    window_begin(input_len, max_items);
+    int rc = fn(arg);
+    window_end();
+    pthread_mutex_unlock(&avro_lock);
+    return rc;
 }
 
 ces_avro_status_t ces_avro_read_data(ces_avro_t *a, ces_arena_t *arena, const void *data,

@@ -19,6 +19,8 @@
 #ifndef CES_AVRO_H
 #define CES_AVRO_H
 
+#include <avro/io.h>
+#include <avro/value.h>
 #include <stdbool.h>
 #include <stddef.h>
 
@@ -57,6 +59,31 @@ ces_avro_status_t ces_avro_read_envelope(ces_avro_t *avro, ces_arena_t *arena, c
 ces_avro_status_t ces_avro_read_data(ces_avro_t *avro, ces_arena_t *arena, const void *data,
                                      size_t len, const ces_json_t **root, char *errstr,
                                      size_t errstr_size);
+
+/* Installs ces2pg's allocator into avro-c, once: before anything else in the process uses
+ * avro-c (what avro-c allocated with its own would be freed with ces2pg's). ces_avro_new does it. */
+void ces_avro_install_allocator(void);
+
+/*
+ * For other readers of untrusted Avro (capfile.c, Event Hubs Capture files): runs fn(arg) with
+ * avro-c to itself (the lock that serialises it: Debian builds it without THREADSAFE) and its
+ * allocations capped as for reading input_len bytes whose arrays and maps hold at most max_items
+ * items; whatever avro-c still holds when fn returns is freed. So everything fn gets from avro-c
+ * inside must be released before fn returns, and nothing made outside may be reallocated inside.
+ * Returns what fn returns.
+ */
+int ces_avro_guarded(size_t input_len, size_t max_items, int (*fn)(void *arg), void *arg);
+
+/*
+ * Inside ces_avro_guarded: reads one value of class iface from reader into *value, which the
+ * caller releases (avro_value_decref) when value->iface is set, even after a failure. what names
+ * the value and schema_name its schema in errstr, which tells a length prefix that claims more
+ * than input_len bytes can hold, or what avro-c found malformed; CES_AVRO_NOMEM is malloc failing.
+ */
+ces_avro_status_t ces_avro_read_value(avro_reader_t reader, avro_value_iface_t *iface,
+                                      avro_value_t *value, const char *what,
+                                      const char *schema_name, size_t input_len, char *errstr,
+                                      size_t errstr_size);
 
 /* Blocks that avro-c still held after a read and that ces2pg freed (leaked by avro-c's error
  * paths). Diagnostic, for the tests: zero after every successful read. */
