@@ -1,7 +1,7 @@
 /*
  * main: the command line, signals, and the wiring of the stages. The only place that decides exit
- * codes: 0 clean stop or successful replay, 64 usage error, 65 a source gap stopped it, 78
- * configuration error, 1 anything else.
+ * codes: 0 clean stop or successful replay, 64 usage error, 65 a source gap stopped it (or
+ * replay --capture left a file unread), 78 configuration error, 1 anything else.
  */
 #include <getopt.h>
 #include <malloc.h>
@@ -15,6 +15,7 @@
 
 #include "admin.h"
 #include "apply.h"
+#include "capture.h"
 #include "clock.h"
 #include "config.h"
 #include "consumer.h"
@@ -35,6 +36,8 @@
 /* A gap at the source (kafka.on_source_gap = "stop"): restarting cannot fix it; an operator must
  * re-seed or accept it. 65 is sysexits' EX_DATAERR; the systemd unit does not restart on it. */
 #define EXIT_SOURCE_GAP 65
+/* replay --capture: Capture files that could not be read to their end (the rest was applied). */
+#define EXIT_CAPTURE_UNREAD 65
 
 /* How often the loop's hook copies the gauges for /metrics (never per event). */
 #define METRICS_PUBLISH_MS 100
@@ -86,6 +89,14 @@ static void usage(FILE *out) {
             "  ces2pg replay -c FILE PATH...  apply records from files instead of Kafka: one record\n"
             "                                 per line, '{' starts a JSON record, any other line is\n"
             "                                 the base64 of a binary (Avro) record; PATH - is stdin\n"
+            "  ces2pg replay -c FILE --capture [--capture-layout FORMAT] PATH...\n"
+            "                                 apply Event Hubs Capture files (PATH: files, or folders\n"
+            "                                 searched for *.avro), each Body a record; a partition's\n"
+            "                                 files are merged by sequence number, repeats skipped;\n"
+            "                                 the partition comes from each file's path, matched\n"
+            "                                 against FORMAT, Capture's archive name format (default\n"
+            "                                 {Namespace}/{EventHub}/{PartitionId}/{Year}/{Month}/\n"
+            "                                 {Day}/{Hour}/{Minute}/{Second}); no position is stored\n"
             "  ces2pg dead-letters -c FILE list [--class C] [--table SCHEMA.TABLE] [--json]\n"
             "  ces2pg dead-letters -c FILE show ID [--json]\n"
             "                                 the dead letters and the record of one (as replay\n"
@@ -110,7 +121,8 @@ static void usage(FILE *out) {
             "  -h, --help          print this help\n"
             "\n"
             "Exit status: 0 clean stop (SIGTERM/SIGINT) or successful replay, 64 usage error,\n"
-            "65 a gap at the source stopped it (kafka.on_source_gap), 78 configuration error,\n"
+            "65 a gap at the source stopped it (kafka.on_source_gap), or replay --capture could\n"
+            "not read a file to its end (the rest was applied), 78 configuration error,\n"
             "1 any other fatal error; status: 0 OK, 1 WARNING, 2 CRITICAL, 3 UNKNOWN.\n"
             "See ces2pg(8) and ces2pg.conf(5).\n",
             CES2PG_VERSION);
@@ -288,10 +300,52 @@ done:
     return rc;
 }
 
-static int run_replay(const char *path, char *const *files, size_t nfiles) {
+/* replay --capture: the Capture files among paths, through run_feed; a file not read to its end
+ * makes the exit status EXIT_CAPTURE_UNREAD. */
+static int run_capture(const ces_config_t *config, char *const *paths, size_t npaths,
+                       const char *layout) {
+    ces_capture_options_t o = {.layout = layout,
+                               .max_record_bytes = (size_t)config->decode_max_record_bytes,
+                               .progress = isatty(STDERR_FILENO) == 1};
+    char err[1024];
+    ces_capture_t *capture = ces_capture_new(paths, npaths, &o, err, sizeof(err));
+    if (capture == NULL) {
+        fprintf(stderr, "ces2pg: %s\n", err);
+        return 1;
+    }
+    ces_feed_t feed;
+    ces_capture_feed(capture, &feed);
+    int rc = run_feed(config, &feed, false, "replay");
+    ces_capture_stats_t s;
+    ces_capture_get_stats(capture, &s);
+    printf("capture: files=%llu read=%llu failed=%llu duplicates_skipped=%llu out_of_order=%llu "
+           "sequence_gaps=%llu\n", (unsigned long long)s.files, (unsigned long long)s.files_read,
+           (unsigned long long)s.files_failed, (unsigned long long)s.duplicates,
+           (unsigned long long)s.out_of_order, (unsigned long long)s.gaps);
+    fflush(stdout);
+    if (rc == 0 && (s.files_failed > 0 || s.files == 0)) {
+        if (s.files == 0)
+            fprintf(stderr, "ces2pg: replay: no Capture file (*.avro) found\n");
+        else
+            fprintf(stderr, "ces2pg: replay: %llu Capture file(s) or path(s) could not be read to "
+                    "their end (see the errors above); everything else was applied\n",
+                    (unsigned long long)s.files_failed);
+        rc = EXIT_CAPTURE_UNREAD;
+    }
+    ces_capture_destroy(capture);
+    return rc;
+}
+
+static int run_replay(const char *path, char *const *files, size_t nfiles, bool capture,
+                      const char *layout) {
     ces_config_t *config = load_config(path, CES_CONFIG_REPLAY);
     if (config == NULL)
         return EXIT_CONFIG;
+    if (capture) {
+        int rc = run_capture(config, files, nfiles, layout);
+        ces_config_destroy(config);
+        return rc;
+    }
     int rc = 1;
     ces_replay_t *replay = ces_replay_new(files, nfiles);
     if (replay == NULL) {
@@ -817,21 +871,25 @@ int main(int argc, char **argv) {
     }
     if (argc > 1 && strcmp(argv[1], "status") == 0)
         return run_status(argc, argv);
-    enum { OPT_CHECK_CONFIG = 1000 };
+    enum { OPT_CHECK_CONFIG = 1000, OPT_CAPTURE, OPT_CAPTURE_LAYOUT };
     static const struct option options[] = {
         {"config", required_argument, NULL, 'c'},
         {"check-config", no_argument, NULL, OPT_CHECK_CONFIG},
+        {"capture", no_argument, NULL, OPT_CAPTURE},
+        {"capture-layout", required_argument, NULL, OPT_CAPTURE_LAYOUT},
         {"version", no_argument, NULL, 'V'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
-    const char *config_path = NULL;
-    bool check = false;
+    const char *config_path = NULL, *layout = NULL;
+    bool check = false, capture = false;
     int opt;
     while ((opt = getopt_long(argc, argv, "c:Vh", options, NULL)) != -1) {
         switch (opt) {
         case 'c': config_path = optarg; break;
         case OPT_CHECK_CONFIG: check = true; break;
+        case OPT_CAPTURE: capture = true; break;
+        case OPT_CAPTURE_LAYOUT: layout = optarg; capture = true; break;
         case 'V': printf("ces2pg %s\n", CES2PG_VERSION); return 0;
         case 'h': usage(stdout); return 0;
         default:
@@ -850,6 +908,13 @@ int main(int argc, char **argv) {
         fprintf(stderr, "ces2pg: --check-config does not go with replay\n");
         return EXIT_USAGE;
     }
+    char why[512];
+    if (capture && (!replay || (layout != NULL && ces_capture_check_layout(layout, why,
+                                                                          sizeof(why)) != 0))) {
+        fprintf(stderr, "ces2pg: %s\nTry 'ces2pg --help'.\n",
+                replay ? why : "--capture and --capture-layout go with replay only");
+        return EXIT_USAGE;
+    }
     if (replay && optind >= argc) {
         fprintf(stderr, "ces2pg: replay needs at least one PATH\nTry 'ces2pg --help'.\n");
         return EXIT_USAGE;
@@ -862,6 +927,6 @@ int main(int argc, char **argv) {
         return check_config(config_path);
     install_signals(!replay);
     if (replay)
-        return run_replay(config_path, argv + optind, (size_t)(argc - optind));
+        return run_replay(config_path, argv + optind, (size_t)(argc - optind), capture, layout);
     return run_daemon(config_path);
 }
