@@ -654,19 +654,20 @@ def run_ces2pg(args, timeout=60, cwd=None):
             r.stderr.decode("utf-8", "replace"))
 
 
-def run_replay(db, paths, extra_config="", timeout=120, **config_kw):
-    """Runs `ces2pg replay -c FILE PATH...` against db.
+def run_replay(db, paths, extra_config="", timeout=120, options=(), **config_kw):
+    """Runs `ces2pg replay -c FILE [OPTIONS...] PATH...` against db.
 
     Returns (exit code, stdout, stderr). The config has no kafka section.
+    options: replay's own, e.g. ("--capture",).
     """
     if isinstance(paths, (str, Path)):
         paths = [paths]
     cfg = write_config(db.tmp_path,
                        make_config(db, extra_config=extra_config, **config_kw))
-    rc, out, err = run_ces2pg(["replay", "-c", cfg] + list(paths),
-                              timeout=timeout, cwd=db.tmp_path)
+    args = ["replay", "-c", cfg] + list(options) + list(paths)
+    rc, out, err = run_ces2pg(args, timeout=timeout, cwd=db.tmp_path)
     log = Path(db.tmp_path) / f"replay-{next(_cfg_counter)}.log"
-    log.write_text(f"$ ces2pg replay -c {cfg} {' '.join(map(str, paths))}\n"
+    log.write_text(f"$ ces2pg {' '.join(map(str, args))}\n"
                    f"exit {rc}\n--- stdout\n{out}--- stderr\n{err}")
     if _current_item is not None:
         _attach_log(_current_item, f"ces2pg replay ({log})", log)
