@@ -4,6 +4,8 @@
 #include <string.h>
 #include <yajl/yajl_gen.h>
 
+#include "adopt.h"
+#include "catalog.h"
 #include "consumer.h"
 #include "log.h"
 #include "types.h"
@@ -598,4 +600,112 @@ done:
     status_free(&s);
     ces_inspect_close(inspect);
     return h;
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* adopt                                                                                          */
+
+typedef struct {
+    ces_adopt_t *adopt;
+    ces_lsn_t lsn;
+    FILE *out, *err;
+    long tables, adopted, without_key, failed;
+    long long rows;
+} adopting_t;
+
+/* Adopts one table and says how it went. */
+static void adopt_one(adopting_t *ad, const char *schema, const char *table, bool listed) {
+    long long marked;
+    bool kept_higher;
+    char err[1024], lsn[23];
+    ces_lsn_format(ad->lsn, lsn);
+    ad->tables++;
+    switch (ces_adopt_table(ad->adopt, schema, table, ad->lsn, &marked, &kept_higher, err,
+                            sizeof(err))) {
+    case CES_ADOPT_OK:
+        ad->adopted++;
+        ad->rows += marked;
+        fprintf(ad->out, "adopt: %s.%s: %lld rows marked with the version of %s%s\n", schema,
+                table, marked, lsn,
+                kept_higher ? " (an earlier adoption at a later LSN keeps its trigger)" : "");
+        break;
+    case CES_ADOPT_NO_PRIMARY_KEY:
+        ad->without_key++;
+        ad->failed += !listed; /* asked for by name: an error; found by --all: reported */
+        fprintf(listed ? ad->out : ad->err, "adopt: %s.%s: no primary key: not adopted (ces2pg "
+                "applies changes by key; its events become dead letters)\n", schema, table);
+        break;
+    case CES_ADOPT_NO_TABLE:
+        ad->failed++;
+        fprintf(ad->err, "ces2pg: adopt: %s.%s: no such table\n", schema, table);
+        break;
+    case CES_ADOPT_FAILED:
+        ad->failed++;
+        fprintf(ad->err, "ces2pg: adopt: %s.%s: %s (nothing of it changed)\n", schema, table, err);
+        break;
+    }
+}
+
+static void adopt_listed(void *arg, const ces_adopt_table_t *t) {
+    adopt_one(arg, t->schema, t->table, true);
+}
+
+/* The schema part of schema.target when it names one schema (no placeholder), folded; else NULL. */
+static char *target_schema(const ces_config_t *config, bool preserve_case) {
+    const char *target = config->schema_target, *dot = strchr(target, '.');
+    if (dot == NULL || memchr(target, '{', (size_t)(dot - target)) != NULL)
+        return NULL;
+    char *part = strndup(target, (size_t)(dot - target));
+    char *folded = part != NULL ? ces_catalog_fold_name(part, preserve_case) : NULL;
+    free(part);
+    return folded;
+}
+
+/* --table SCHEMA.TABLE: split at its first dot and folded as ces2pg folds target names. */
+static void adopt_named(adopting_t *ad, const char *name, bool preserve_case) {
+    const char *dot = strchr(name, '.');
+    char *schema = dot != NULL ? strndup(name, (size_t)(dot - name)) : NULL;
+    char *fs = schema != NULL ? ces_catalog_fold_name(schema, preserve_case) : NULL;
+    char *ft = dot != NULL ? ces_catalog_fold_name(dot + 1, preserve_case) : NULL;
+    if (fs != NULL && ft != NULL && fs[0] != '\0' && ft[0] != '\0') {
+        adopt_one(ad, fs, ft, false);
+    } else {
+        ad->failed++;
+        fprintf(ad->err, "ces2pg: adopt: '%s' is not SCHEMA.TABLE\n", name);
+    }
+    free(schema);
+    free(fs);
+    free(ft);
+}
+
+int ces_admin_adopt(const ces_config_t *config, char *const *tables, size_t ntables,
+                    ces_lsn_t lsn, FILE *out, FILE *err) {
+    char why[1024];
+    ces_adopt_options_t o = {config->pg_conninfo, config->pg_password, config->schema_metadata,
+                             config->apply_version_column};
+    adopting_t ad = {.lsn = lsn, .out = out, .err = err};
+    if ((ad.adopt = ces_adopt_open(&o, why, sizeof(why))) == NULL) {
+        fprintf(err, "ces2pg: adopt: %s\n", why);
+        return 1;
+    }
+    bool preserve = strcmp(config->schema_identifier_case, "preserve") == 0;
+    if (ntables > 0) {
+        for (size_t i = 0; i < ntables; i++)
+            adopt_named(&ad, tables[i], preserve);
+    } else {
+        char *schema = target_schema(config, preserve);
+        if (ces_adopt_each_table(ad.adopt, schema, adopt_listed, &ad, why, sizeof(why)) < 0) {
+            fprintf(err, "ces2pg: adopt: %s\n", why);
+            ad.failed++;
+        } else if (ad.tables == 0) {
+            fprintf(err, "ces2pg: adopt: no table in %s%s\n", schema ? "schema " : "any schema",
+                    schema ? schema : "");
+            ad.failed++;
+        }
+        free(schema);
+    }
+    fprintf(out, "adopt: %ld table(s) adopted, %lld rows marked, %ld without a primary key, "
+            "%ld failed\n", ad.adopted, ad.rows, ad.without_key, ad.failed);
+    ces_adopt_close(ad.adopt);
+    return ad.failed > 0 ? 1 : 0;
 }

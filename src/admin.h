@@ -1,5 +1,6 @@
 /*
- * admin: the operator commands `ces2pg dead-letters` and `ces2pg status` (docs/architecture.md).
+ * admin: the operator commands `ces2pg dead-letters`, `ces2pg status` and `ces2pg adopt`
+ * (docs/architecture.md).
  *
  * They read and change the metadata schema through inspect.h, ask the brokers through
  * consumer.h, and print for people or, with --json, one JSON document (written with yajl's
@@ -14,6 +15,7 @@
 #include <stdio.h>
 
 #include "config.h"
+#include "event.h"
 #include "feed.h"
 #include "inspect.h"
 
@@ -65,5 +67,16 @@ typedef struct {
 ces_admin_health_t ces_admin_status(const ces_config_t *config,
                                     const ces_admin_status_options_t *options, FILE *out,
                                     FILE *err);
+
+/*
+ * `adopt`: marks the tables named in tables[0..ntables) ("SCHEMA.TABLE", folded as ces2pg folds
+ * target names), or with none every table of the schema schema.target names (every schema but
+ * PostgreSQL's own and the metadata schema when its schema part has a placeholder), with the
+ * version of lsn (adopt.h). Prints a line per table and a total; a table without a primary key is
+ * an error when named, and reported when found. Returns the exit status: 0, or 1 when a table
+ * could not be adopted.
+ */
+int ces_admin_adopt(const ces_config_t *config, char *const *tables, size_t ntables,
+                    ces_lsn_t lsn, FILE *out, FILE *err);
 
 #endif

@@ -112,6 +112,13 @@ static void usage(FILE *out) {
             "  ces2pg status -c FILE [--json] [--stale-after S] [--max-lag N]\n"
             "                                 positions, lag, last commit, dead letters, source\n"
             "                                 gaps; exit 0 OK, 1 WARNING, 2 CRITICAL, 3 UNKNOWN\n"
+            "  ces2pg adopt -c FILE (--table SCHEMA.TABLE ... | --all) --lsn LSN\n"
+            "                                 mark rows copied by another tool with the version of\n"
+            "                                 the source snapshot's LSN (0x0000002A000001F00003 or\n"
+            "                                 0000002A:000001F0:0003): changes committed at or\n"
+            "                                 before it are skipped, later ones apply; --all: the\n"
+            "                                 tables of schema.target's schema (of every schema\n"
+            "                                 when it is {schema}); exit 1 when one is not adopted\n"
             "  ces2pg --version | --help\n"
             "\n"
             "Options:\n"
@@ -677,12 +684,19 @@ done:
     return rc;
 }
 
+/* --table may be given this often (adopt). */
+#define MAX_TABLES 256
+
 /* The options of the operator commands (after the command word). */
 typedef struct {
     const char *config_path;
     const char *class;
-    const char *table;
+    const char *table; /* the last --table */
+    char *tables[MAX_TABLES]; /* every --table (adopt) */
+    size_t ntables;
     const char *before;
+    const char *lsn;
+    bool all;
     bool json;
     int64_t stale_after_s;
     int64_t max_lag;
@@ -691,12 +705,14 @@ typedef struct {
 /* Parses argv[1..] of `ces2pg COMMAND ...`; leaves the operands at argv[optind..]. Returns 0, -1
  * after printing --help (the command then exits 0), or EXIT_USAGE after saying why. */
 static int parse_command(int argc, char **argv, command_options_t *o) {
-    enum { OPT_CLASS = 1000, OPT_TABLE, OPT_BEFORE, OPT_JSON, OPT_STALE, OPT_MAX_LAG };
+    enum { OPT_CLASS = 1000, OPT_TABLE, OPT_BEFORE, OPT_JSON, OPT_STALE, OPT_MAX_LAG, OPT_LSN,
+           OPT_ALL };
     static const struct option options[] = {
         {"config", required_argument, NULL, 'c'},   {"class", required_argument, NULL, OPT_CLASS},
         {"table", required_argument, NULL, OPT_TABLE}, {"before", required_argument, NULL, OPT_BEFORE},
         {"json", no_argument, NULL, OPT_JSON},      {"stale-after", required_argument, NULL, OPT_STALE},
         {"max-lag", required_argument, NULL, OPT_MAX_LAG}, {"help", no_argument, NULL, 'h'},
+        {"lsn", required_argument, NULL, OPT_LSN},  {"all", no_argument, NULL, OPT_ALL},
         {NULL, 0, NULL, 0},
     };
     *o = (command_options_t){.stale_after_s = 300, .max_lag = 0};
@@ -708,7 +724,15 @@ static int parse_command(int argc, char **argv, command_options_t *o) {
         case 'c': o->config_path = optarg; break;
         case 'h': usage(stdout); return -1;
         case OPT_CLASS: o->class = optarg; break;
-        case OPT_TABLE: o->table = optarg; break;
+        case OPT_TABLE:
+            if (o->ntables == MAX_TABLES) {
+                fprintf(stderr, "ces2pg: at most %d --table\n", MAX_TABLES);
+                return EXIT_USAGE;
+            }
+            o->table = o->tables[o->ntables++] = optarg;
+            break;
+        case OPT_LSN: o->lsn = optarg; break;
+        case OPT_ALL: o->all = true; break;
         case OPT_BEFORE: o->before = optarg; break;
         case OPT_JSON: o->json = true; break;
         case OPT_STALE:
@@ -861,6 +885,37 @@ static int run_status(int argc, char **argv) {
     return rc;
 }
 
+/* ces2pg adopt -c FILE (--table SCHEMA.TABLE ... | --all) --lsn LSN */
+static int run_adopt(int argc, char **argv) {
+    command_options_t o;
+    int rc = parse_command(argc, argv, &o);
+    if (rc != 0)
+        return rc < 0 ? 0 : rc;
+    if (optind < argc || o.lsn == NULL || (o.ntables > 0) == o.all) {
+        fprintf(stderr, "ces2pg: adopt wants --lsn LSN and either --table SCHEMA.TABLE (as often "
+                        "as needed) or --all\nTry 'ces2pg --help'.\n");
+        return EXIT_USAGE;
+    }
+    ces_lsn_t lsn;
+    if (ces_lsn_parse_operator(o.lsn, &lsn) != 0) {
+        fprintf(stderr, "ces2pg: adopt: '%s' is not an LSN as SQL Server prints it "
+                        "(0x0000002A000001F00003, or 0000002A:000001F0:0003)\n", o.lsn);
+        return EXIT_USAGE;
+    }
+    ces_config_t *config = load_config(o.config_path, CES_CONFIG_REPLAY);
+    if (config == NULL)
+        return EXIT_CONFIG;
+    if (!config->apply_lsn_guard) {
+        fprintf(stderr, "ces2pg: adopt: %s: apply.lsn_guard is off, so no version is compared and "
+                        "adopting changes nothing\n", o.config_path);
+        ces_config_destroy(config);
+        return EXIT_CONFIG;
+    }
+    rc = ces_admin_adopt(config, o.tables, o.ntables, lsn, stdout, stderr);
+    ces_config_destroy(config);
+    return rc;
+}
+
 int main(int argc, char **argv) {
     /* librdkafka's threads would each get a malloc arena of their own; two keep the footprint of
      * a backlog from multiplying. */
@@ -871,6 +926,8 @@ int main(int argc, char **argv) {
     }
     if (argc > 1 && strcmp(argv[1], "status") == 0)
         return run_status(argc, argv);
+    if (argc > 1 && strcmp(argv[1], "adopt") == 0)
+        return run_adopt(argc, argv);
     enum { OPT_CHECK_CONFIG = 1000, OPT_CAPTURE, OPT_CAPTURE_LAYOUT };
     static const struct option options[] = {
         {"config", required_argument, NULL, 'c'},

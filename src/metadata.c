@@ -120,7 +120,15 @@ static void add_ddl(ces_strbuf_t *sql, const char *schema) {
                         "  last_commit_lsn text,\n"
                         "  last_commit_time timestamptz,\n"
                         "  reorder_window_ms bigint,\n"
-                        "  updated_at timestamptz NOT NULL DEFAULT now());\n");
+                        "  updated_at timestamptz NOT NULL DEFAULT now());\n"
+                        "CREATE TABLE IF NOT EXISTS ");
+    ces_strbuf_add(sql, schema);
+    ces_strbuf_add(sql, ".adoptions (\n"
+                        "  relid oid PRIMARY KEY,\n"
+                        "  table_name text NOT NULL,\n"
+                        "  lsn text NOT NULL,\n"
+                        "  version numeric NOT NULL,\n"
+                        "  adopted_at timestamptz NOT NULL DEFAULT now());\n");
 }
 
 /* One statement naming the schema: prefix, the quoted schema, suffix. NULL when out of memory. */

@@ -4,9 +4,10 @@
  * It holds offsets (the consumer positions, fenced: positions.h), dead_letters (what could not be
  * applied, with the record's bytes), tombstones (the versions of deleted keys, so that an older
  * change resent late cannot bring a row back; see docs/semantics.md), source_gaps (stored
- * positions that were gone from the broker, and where reading resumed: positions.h) and progress
- * (per group, the last commit applied and the reorder window in force, for `ces2pg status`). The
- * DDL is idempotent and
+ * positions that were gone from the broker, and where reading resumed: positions.h), progress
+ * (per group, the last commit applied and the reorder window in force, for `ces2pg status`) and
+ * adoptions (tables loaded by another tool and marked with a snapshot's LSN: adopt.h). The DDL is
+ * idempotent and
  * tolerates another instance running it at the same moment; it runs on every new connection.
  */
 #ifndef CES_METADATA_H
