@@ -20,10 +20,6 @@ struct ces_adopt_s {
     char *version; /* the version column, unquoted */
 };
 
-static int on_connect(void *opaque, ces_session_t *session, ces_pgerr_t *e) {
-    return ces_metadata_setup(opaque, session, e);
-}
-
 /* Runs sql with text parameters; a result of tuples or a command is returned (the caller's to
  * PQclear), anything else is NULL with PostgreSQL's message in errstr. */
 static PGresult *run(ces_adopt_t *a, const char *sql, int nparams, const char *const *params,
@@ -63,19 +59,9 @@ ces_adopt_t *ces_adopt_open(const ces_adopt_options_t *o, char *errstr, size_t e
         snprintf(errstr, errstr_size, "out of memory");
         goto fail;
     }
-    ces_session_options_t so = {.conninfo = o->conninfo,
-                                .password = o->password,
-                                .on_connect = on_connect,
-                                .on_connect_opaque = a->metadata};
-    if ((a->session = ces_session_new(&so)) == NULL) {
-        snprintf(errstr, errstr_size, "out of memory");
+    if ((a->session = ces_metadata_connect(a->metadata, o->conninfo, o->password, errstr,
+                                           errstr_size)) == NULL)
         goto fail;
-    }
-    ces_pgerr_t e = CES_PGERR_INIT;
-    if (ces_session_connect_once(a->session, &e) != 0) {
-        snprintf(errstr, errstr_size, "%s", e.message);
-        goto fail;
-    }
     if (make_function(a, errstr, errstr_size) != 0)
         goto fail;
     return a;

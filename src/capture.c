@@ -270,6 +270,19 @@ static part_t *partition_of(ces_capture_t *c, const char *topic, int32_t id) {
     return p;
 }
 
+/* Makes room for one more file in *files (n used of *cap). Returns 0, or -1 when out of memory. */
+static int room_for_one(cfile_t ***files, size_t n, size_t *cap) {
+    if (n < *cap)
+        return 0;
+    size_t bigger_cap = *cap ? *cap * 2 : 16;
+    cfile_t **bigger = realloc(*files, bigger_cap * sizeof(*bigger));
+    if (bigger == NULL)
+        return -1;
+    *files = bigger;
+    *cap = bigger_cap;
+    return 0;
+}
+
 /* Files the Capture file at path under its partition (from its path). Returns -1 when out of
  * memory; a path that does not match the layout is logged and counted. */
 static int add_file(ces_capture_t *c, const char *path, uint64_t size) {
@@ -291,29 +304,15 @@ static int add_file(ces_capture_t *c, const char *path, uint64_t size) {
     }
     f->size = size;
     f->window = window;
-    if (p->nfiles == p->cap) {
-        size_t cap = p->cap ? p->cap * 2 : 8;
-        cfile_t **bigger = realloc(p->files, cap * sizeof(*bigger));
-        if (bigger == NULL)
-            goto nomem;
-        p->files = bigger;
-        p->cap = cap;
-    }
-    if (c->nall == c->cap_all) {
-        size_t cap = c->cap_all ? c->cap_all * 2 : 64;
-        cfile_t **bigger = realloc(c->all, cap * sizeof(*bigger));
-        if (bigger == NULL)
-            goto nomem;
-        c->all = bigger;
-        c->cap_all = cap;
+    if (room_for_one(&p->files, p->nfiles, &p->cap) != 0 ||
+        room_for_one(&c->all, c->nall, &c->cap_all) != 0) {
+        free(f->path);
+        free(f);
+        return -1;
     }
     p->files[p->nfiles++] = f;
     c->all[c->nall++] = f;
     return 0;
-nomem:
-    free(f->path);
-    free(f);
-    return -1;
 }
 
 /* Every Capture file among paths: files as given, directories searched. Returns -1 when out of

@@ -16,37 +16,22 @@ struct ces_inspect_s {
     char *group_id;
 };
 
-static int on_connect(void *opaque, ces_session_t *session, ces_pgerr_t *e) {
-    return ces_metadata_setup(opaque, session, e);
-}
-
 ces_inspect_t *ces_inspect_open(const ces_inspect_options_t *o, char *errstr,
                                 size_t errstr_size) {
     ces_inspect_t *in = calloc(1, sizeof(*in));
-    if (in == NULL)
-        goto nomem;
-    in->metadata = ces_metadata_new(o->metadata_schema, o->version_column);
-    in->group_id = strdup(o->group_id);
-    ces_session_options_t so = {.conninfo = o->conninfo,
-                                .password = o->password,
-                                .retry_max_ms = 0,
-                                .on_connect = on_connect,
-                                .on_connect_opaque = in->metadata};
-    if (in->metadata == NULL || in->group_id == NULL ||
-        (in->session = ces_session_new(&so)) == NULL)
-        goto nomem;
-    ces_pgerr_t e;
-    ces_pgerr_clear(&e);
-    if (ces_session_connect_once(in->session, &e) != 0) {
-        snprintf(errstr, errstr_size, "%s", e.message);
+    if (in == NULL || (in->metadata = ces_metadata_new(o->metadata_schema, o->version_column)) ==
+                          NULL || (in->group_id = strdup(o->group_id)) == NULL) {
+        snprintf(errstr, errstr_size, "out of memory");
+        ces_inspect_close(in);
+        return NULL;
+    }
+    in->session = ces_metadata_connect(in->metadata, o->conninfo, o->password, errstr,
+                                       errstr_size);
+    if (in->session == NULL) {
         ces_inspect_close(in);
         return NULL;
     }
     return in;
-nomem:
-    snprintf(errstr, errstr_size, "out of memory");
-    ces_inspect_close(in);
-    return NULL;
 }
 
 void ces_inspect_close(ces_inspect_t *in) {

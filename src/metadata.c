@@ -201,6 +201,30 @@ done:
     return rc;
 }
 
+static int setup_on_connect(void *opaque, ces_session_t *session, ces_pgerr_t *e) {
+    return ces_metadata_setup(opaque, session, e);
+}
+
+ces_session_t *ces_metadata_connect(ces_metadata_t *m, const char *conninfo, const char *password,
+                                    char *errstr, size_t errstr_size) {
+    ces_session_options_t so = {.conninfo = conninfo,
+                                .password = password,
+                                .on_connect = setup_on_connect,
+                                .on_connect_opaque = m};
+    ces_session_t *session = ces_session_new(&so);
+    if (session == NULL) {
+        snprintf(errstr, errstr_size, "out of memory");
+        return NULL;
+    }
+    ces_pgerr_t e = CES_PGERR_INIT;
+    if (ces_session_connect_once(session, &e) != 0) {
+        snprintf(errstr, errstr_size, "%s", e.message);
+        ces_session_destroy(session);
+        return NULL;
+    }
+    return session;
+}
+
 const char *ces_metadata_schema_quoted(const ces_metadata_t *m) { return m->schema_quoted; }
 const char *ces_metadata_tombstones(const ces_metadata_t *m) { return m->tombstones; }
 const char *ces_metadata_version_quoted(const ces_metadata_t *m) { return m->version_quoted; }

@@ -30,6 +30,13 @@ void ces_metadata_destroy(ces_metadata_t *metadata);
 int ces_metadata_setup(ces_metadata_t *metadata, ces_session_t *session, ces_pgerr_t *e)
     __attribute__((warn_unused_result));
 
+/* A session of an operator command's own (no retry, no heartbeat) whose every connection sets the
+ * metadata schema up, connected once. Returns it (owned by the caller; metadata is a reference
+ * that must outlive it), or NULL with errstr set. */
+ces_session_t *ces_metadata_connect(ces_metadata_t *metadata, const char *conninfo,
+                                    const char *password, char *errstr, size_t errstr_size)
+    __attribute__((warn_unused_result));
+
 /* Names quoted for SQL, and the dead-letter INSERT; NULL before the first ces_metadata_setup.
  * Each is owned by metadata and valid until the next setup or destroy. */
 const char *ces_metadata_schema_quoted(const ces_metadata_t *metadata);  /* "ces2pg" */

@@ -31,6 +31,7 @@ import avro.schema
 
 from conftest import (
     CES2PG,
+    ROOT,
     PacedProducer,
     assert_tables_match,
     child_env,
@@ -49,7 +50,6 @@ from conftest import (
 
 NAMESPACE, HUB = "shopns", "ces"
 TOPIC = f"capture:{NAMESPACE}/{HUB}"
-UNION = ["long", "double", "string", "bytes"]
 START = datetime(2026, 3, 1, 10, 0, 0, tzinfo=timezone.utc)
 EX_DATAERR = 65
 CAPTURE_SUMMARY = re.compile(
@@ -58,20 +58,12 @@ CAPTURE_SUMMARY = re.compile(
 
 
 def event_data_schema(properties_null):
-    """EventData as Capture writes it; Properties' union ends in "null" in some files."""
-    return avro.schema.parse(json.dumps({
-        "type": "record", "name": "EventData",
-        "namespace": "Microsoft.ServiceBus.Messaging",
-        "fields": [
-            {"name": "SequenceNumber", "type": "long"},
-            {"name": "Offset", "type": "string"},
-            {"name": "EnqueuedTimeUtc", "type": "string"},
-            {"name": "SystemProperties", "type": {"type": "map", "values": UNION}},
-            {"name": "Properties", "type": {
-                "type": "map", "values": UNION + (["null"] if properties_null else [])}},
-            {"name": "Body", "type": ["null", "bytes"]},
-        ],
-    }))
+    """EventData as Capture writes it (tests/fixtures/capture/EventData.avsc, as Microsoft
+    documents it); Properties' union ends in "null" in some files."""
+    schema = json.loads((ROOT / "tests/fixtures/capture/EventData.avsc").read_text())
+    if properties_null:
+        schema["fields"][4]["type"]["values"].append("null")
+    return avro.schema.parse(json.dumps(schema))
 
 
 def capture_path(root, partition, when):
