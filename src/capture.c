@@ -290,7 +290,14 @@ static int add_file(ces_capture_t *c, const char *path, uint64_t size) {
     int64_t window;
     char topic[256];
     c->stats.files++;
-    if (ces_capture_match_path(c, path, &id, topic, sizeof(topic), &window) != 0) {
+    /* A path relative to a folder below the layout's first component ("." in a partition's
+     * folder) matches once made absolute. */
+    char *real = NULL;
+    int matched = ces_capture_match_path(c, path, &id, topic, sizeof(topic), &window);
+    if (matched != 0 && (real = realpath(path, NULL)) != NULL)
+        matched = ces_capture_match_path(c, real, &id, topic, sizeof(topic), &window);
+    free(real);
+    if (matched != 0) {
         ces_log_error("capture: %s: cannot tell its partition: its path does not end as the "
                       "capture layout says (--capture-layout)", path);
         c->stats.files_failed++;

@@ -159,11 +159,32 @@ static void pauses(void **state) {
     ces_capture_destroy(c); /* with a file still open */
 }
 
+/* From inside a partition's folder, "." is enough: the path is matched once made absolute. */
+static void relative_paths(void **state) {
+    (void)state;
+    char here[512], dir[512];
+    assert_non_null(getcwd(here, sizeof(here)));
+    snprintf(dir, sizeof(dir), "%s/ns/hub/0", root);
+    assert_int_equal(chdir(dir), 0);
+    char *paths[] = {"."};
+    ces_capture_options_t o = {.max_record_bytes = 1 << 20};
+    char why[256];
+    ces_capture_t *c = ces_capture_new(paths, 1, &o, why, sizeof(why));
+    assert_int_equal(chdir(here), 0);
+    assert_non_null(c);
+    ces_capture_stats_t s;
+    ces_capture_get_stats(c, &s);
+    assert_int_equal(s.files, 3);
+    assert_int_equal(s.files_failed, 0);
+    ces_capture_destroy(c);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(layouts),
         cmocka_unit_test(merged_by_sequence_number),
         cmocka_unit_test(pauses),
+        cmocka_unit_test(relative_paths),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
