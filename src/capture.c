@@ -79,6 +79,7 @@ struct ces_capture_s {
     ces_capture_stats_t stats;
     bool nomem;
     bool progress;
+    bool line_open; /* a progress line is on the terminal without its newline */
     int64_t started_ms, last_progress_ms;
 };
 
@@ -356,6 +357,13 @@ static int find_files(ces_capture_t *c, char *const *paths, size_t npaths) {
  * One partition: its files merged by sequence number.
  */
 
+/* Clears the progress line, so that a message logged now starts a line of its own. */
+static void end_progress_line(ces_capture_t *c) {
+    if (c->line_open)
+        fputs("\r\033[K", stderr);
+    c->line_open = false;
+}
+
 static void file_close(part_t *p, cfile_t *f) {
     ces_capfile_close(f->open);
     f->open = NULL;
@@ -381,6 +389,7 @@ static void file_advance(ces_capture_t *c, part_t *p, cfile_t *f) {
     } else if (st == CES_CAPFILE_NOMEM) {
         c->nomem = true;
     } else {
+        end_progress_line(c);
         ces_log_error("capture: %s (the records before it were read; the rest of the file is "
                       "lost)", why);
         c->stats.files_failed++;
@@ -395,10 +404,12 @@ static bool file_open(ces_capture_t *c, part_t *p, cfile_t *f) {
     f->has_prev = false;
     f->open = ces_capfile_open(c->schemas, f->path, &c->limits, &st, why, sizeof(why));
     if (f->open == NULL) {
-        if (st == CES_CAPFILE_NOMEM)
+        if (st == CES_CAPFILE_NOMEM) {
             c->nomem = true;
-        else
+        } else {
+            end_progress_line(c);
             ces_log_error("capture: %s", why);
+        }
         c->stats.files_failed += st != CES_CAPFILE_NOMEM;
         f->done = true;
         return false;
@@ -474,10 +485,12 @@ static cfile_t *part_ready(ces_capture_t *c, part_t *p) {
         if (min->has_prev && min->head.sequence < min->prev) {
             /* Out of order in its own file: it goes as it comes (the version guard decides). */
             c->stats.out_of_order++;
-            if (!min->warned)
+            if (!min->warned) {
+                end_progress_line(c);
                 ces_log_warning("capture: %s: sequence number %" PRId64 " comes after %" PRId64
                                 " in the file; its records out of order go as they come",
                                 min->path, min->head.sequence, min->prev);
+            }
             min->warned = true;
             return p->ready = min;
         }
@@ -500,6 +513,7 @@ static void part_take(ces_capture_t *c, part_t *p, ces_record_t *rec) {
     bool in_order = !f->has_prev || seq >= f->prev;
     if (in_order && p->has_high && seq > p->high + 1) {
         c->stats.gaps++;
+        end_progress_line(c);
         ces_log_warning("%s[%" PRId32 "]: no file holds sequence numbers %" PRId64
                         " to %" PRId64 " (between %s and %s)", p->topic, p->id, p->high + 1,
                         seq - 1, p->high_path, f->path);
@@ -550,6 +564,7 @@ static void progress_line(ces_capture_t *c, int64_t now, bool last) {
     fprintf(stderr, "\rcapture: %" PRIu64 " records, %.0f/s, files %" PRIu64 "/%zu, %.0f%%, "
             "ETA %s\033[K%s", c->stats.records, rate, finished, c->nall,
             total > 0 ? 100.0 * (double)done / (double)total : 100.0, eta, last ? "\n" : "");
+    c->line_open = !last;
 }
 
 /* ---------------------------------------------------------------------------------------------
