@@ -9,9 +9,10 @@ CES2PG_DEMO_PACKAGES="postgresql-15 postgresql-client-15 python3 python3-conflue
 # What the tests need on top of that.
 # (systemd for systemd-analyze, which checks the unit's hardening; python3-yaml reads the compose file
 # and docker-compose, Compose 1.29, validates it with `docker-compose config` where the docker compose
-# plugin is absent.)
+# plugin is absent; prometheus for promtool, which checks contrib/'s alerting rules and dashboard
+# queries.)
 CES2PG_TEST_PACKAGES="libcmocka-dev python3-pytest python3-avro kcat valgrind openssl clang libclang-rt-14-dev
-  systemd python3-yaml docker-compose"
+  systemd python3-yaml docker-compose prometheus"
 # The real-broker tier (tests/realbroker): a JDK for Apache Kafka and Maven to fetch it (openssl,
 # for its certificates, is a test package above). scripts/test installs them when missing only under
 # CI; elsewhere the tier is skipped without them.
