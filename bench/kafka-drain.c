@@ -12,7 +12,8 @@
  * whole, with --parse-json). Exits 1 on any error.
  *
  * With --parse-json every record is also read the way the least a yajl-based CES decoder must do
- * (below): bench/run's JSON floor.
+ * (bench/json-floor.h, which bench/decode.c shares for run-decode's "yajl alone"): bench/run's JSON
+ * floor.
  */
 #include <librdkafka/rdkafka.h>
 #include <stdio.h>
@@ -20,153 +21,13 @@
 #include <string.h>
 #include <sys/resource.h>
 #include <time.h>
-#include <yajl/yajl_parse.h>
+
+#include "json-floor.h"
 
 static double now_s(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
-
-/*
- * --parse-json: the least JSON work any CES decoder built on yajl must do, done to every record.
- * Each record is three JSON layers (docs/ces-format.md): the envelope, the `data` string it carries, and the
- * row images `old` and `current` inside that. Each layer is read once with yajl's callback parser,
- * strings unchecked (yajl_dont_validate_strings) and numbers left as text, building nothing and
- * copying nothing: the inner layers are parsed from inside the callback that hands their string
- * over. A segment's `data` is a slice that does not parse by itself; its parse stops at the first
- * error, which is never more work than the joined event's parse would be. So the CPU time of this
- * drain is a floor under the CPU any JSON-reading ces2pg needs for the same topic.
- */
-#define FLOOR_ARENA (64u << 20) /* three layers of a 1 MB record, with yajl's doubling buffers */
-
-typedef struct {
-    unsigned char *base;
-    size_t used;
-} floor_arena_t;
-
-/* yajl's allocations for one record are carved from one block, all dropped at the next record,
- * so that malloc does not count in the floor (ces2pg pools them too). */
-static void *floor_malloc(void *ctx, size_t size) {
-    floor_arena_t *a = ctx;
-    size_t need = ((size + 15) & ~(size_t)15) + 16;
-    if (need > FLOOR_ARENA - a->used) {
-        fprintf(stderr, "kafka-drain: a record needs more than %u bytes of yajl buffers\n",
-                FLOOR_ARENA);
-        exit(1);
-    }
-    unsigned char *p = a->base + a->used;
-    memcpy(p, &size, sizeof(size));
-    a->used += need;
-    return p + 16;
-}
-
-static void *floor_realloc(void *ctx, void *ptr, size_t size) {
-    if (ptr == NULL)
-        return floor_malloc(ctx, size);
-    size_t old;
-    memcpy(&old, (unsigned char *)ptr - 16, sizeof(old));
-    if (size <= old)
-        return ptr;
-    void *grown = floor_malloc(ctx, size);
-    memcpy(grown, ptr, old);
-    return grown;
-}
-
-static void floor_free(void *ctx, void *ptr) {
-    (void)ctx;
-    (void)ptr;
-}
-
-typedef struct {
-    yajl_alloc_funcs *alloc;
-    int key; /* the key just read names the next layer */
-    unsigned long long layers, broken;
-} floor_t;
-
-static int floor_ignore_string(void *ctx, const unsigned char *s, size_t len) {
-    (void)ctx;
-    (void)s;
-    (void)len;
-    return 1;
-}
-
-static int floor_ignore_number(void *ctx, const char *s, size_t len) {
-    (void)ctx;
-    (void)s;
-    (void)len;
-    return 1;
-}
-
-static void floor_parse(floor_t *f, const yajl_callbacks *cb, const unsigned char *text,
-                        size_t len);
-
-static int floor_key(void *ctx, const unsigned char *key, size_t len, const char *a,
-                     const char *b) {
-    floor_t *f = ctx;
-    f->key = (len == strlen(a) && memcmp(key, a, len) == 0) ||
-             (b != NULL && len == strlen(b) && memcmp(key, b, len) == 0);
-    return 1;
-}
-
-static int image_key(void *ctx, const unsigned char *key, size_t len) {
-    return floor_key(ctx, key, len, "old", "current");
-}
-
-static int envelope_key(void *ctx, const unsigned char *key, size_t len) {
-    return floor_key(ctx, key, len, "data", NULL);
-}
-
-static const yajl_callbacks image_callbacks = {
-    .yajl_string = floor_ignore_string,
-    .yajl_number = floor_ignore_number,
-};
-
-/* The string just read, when its key named the next layer, is parsed as that layer. */
-static int inner_layer(void *ctx, const yajl_callbacks *cb, const unsigned char *s, size_t len) {
-    floor_t *f = ctx;
-    if (f->key && len > 0) {
-        floor_t inner = {.alloc = f->alloc};
-        floor_parse(&inner, cb, s, len);
-        f->layers += inner.layers;
-        f->broken += inner.broken;
-    }
-    f->key = 0;
-    return 1;
-}
-
-static int data_string(void *ctx, const unsigned char *s, size_t len) {
-    return inner_layer(ctx, &image_callbacks, s, len);
-}
-
-static const yajl_callbacks data_callbacks = {
-    .yajl_string = data_string,
-    .yajl_number = floor_ignore_number,
-    .yajl_map_key = image_key,
-};
-
-static int envelope_string(void *ctx, const unsigned char *s, size_t len) {
-    return inner_layer(ctx, &data_callbacks, s, len);
-}
-
-static const yajl_callbacks envelope_callbacks = {
-    .yajl_string = envelope_string,
-    .yajl_number = floor_ignore_number,
-    .yajl_map_key = envelope_key,
-};
-
-static void floor_parse(floor_t *f, const yajl_callbacks *cb, const unsigned char *text,
-                        size_t len) {
-    yajl_handle h = yajl_alloc(cb, f->alloc, f);
-    if (h == NULL) {
-        fprintf(stderr, "kafka-drain: out of memory\n");
-        exit(1);
-    }
-    yajl_config(h, yajl_dont_validate_strings, 1);
-    f->layers++;
-    if (yajl_parse(h, text, len) != yajl_status_ok || yajl_complete_parse(h) != yajl_status_ok)
-        f->broken++;
-    yajl_free(h);
 }
 
 static void set(rd_kafka_conf_t *conf, const char *name, const char *value) {
@@ -194,10 +55,8 @@ int main(int argc, char **argv) {
         fprintf(stderr, "usage: %s [--parse-json] BROKERS TOPIC [name=value ...]\n", argv[0]);
         return 64;
     }
-    floor_arena_t arena = {0};
-    yajl_alloc_funcs alloc = {floor_malloc, floor_realloc, floor_free, &arena};
-    floor_t floor = {.alloc = &alloc};
-    if (parse_json && (arena.base = malloc(FLOOR_ARENA)) == NULL) {
+    json_floor_t floor = {0};
+    if (parse_json && json_floor_init(&floor) != 0) {
         fprintf(stderr, "kafka-drain: out of memory\n");
         return 1;
     }
@@ -266,11 +125,8 @@ int main(int argc, char **argv) {
         } else {
             records++;
             bytes += m->len;
-            if (parse_json) {
-                arena.used = 0;
-                floor.key = 0;
-                floor_parse(&floor, &envelope_callbacks, m->payload, m->len);
-            }
+            if (parse_json)
+                json_floor_record(&floor, m->payload, m->len);
         }
         rd_kafka_message_destroy(m);
     }
@@ -282,6 +138,6 @@ int main(int argc, char **argv) {
     rd_kafka_consumer_close(rk);
     rd_kafka_destroy(rk);
     free(eof);
-    free(arena.base);
+    json_floor_free(&floor);
     return 0;
 }

@@ -9,9 +9,10 @@ CES2PG_DEMO_PACKAGES="postgresql-15 postgresql-client-15 python3 python3-conflue
 # What the tests need on top of that.
 # (systemd for systemd-analyze, which checks the unit's hardening; python3-yaml reads the compose file
 # and docker-compose, Compose 1.29, validates it with `docker-compose config` where the docker compose
-# plugin is absent.)
+# plugin is absent; prometheus for promtool, which checks contrib/'s alerting rules and dashboard
+# queries; groff-base and man-db render the manual pages for ctest's man_pages.)
 CES2PG_TEST_PACKAGES="libcmocka-dev python3-pytest python3-avro kcat valgrind openssl clang libclang-rt-14-dev
-  systemd python3-yaml docker-compose"
+  systemd python3-yaml docker-compose prometheus groff-base man-db"
 # The real-broker tier (tests/realbroker): a JDK for Apache Kafka and Maven to fetch it (openssl,
 # for its certificates, is a test package above). scripts/test installs them when missing only under
 # CI; elsewhere the tier is skipped without them.
@@ -19,6 +20,9 @@ CES2PG_KAFKA_PACKAGES="openjdk-17-jdk-headless maven"
 # scripts/check-image: podman (with runc and slirp4netns) builds docker/Dockerfile on a base made by
 # debootstrap and runs the images.
 CES2PG_IMAGE_PACKAGES="podman runc slirp4netns debootstrap"
+# scripts/check-package: dpkg-dev for CPack's dpkg-shlibdeps, lintian, debootstrap for a fresh
+# Debian 12 to install into, file, and man-db and groff-base to render the manual pages (man/check-man).
+CES2PG_PACKAGE_PACKAGES="dpkg-dev lintian debootstrap file man-db groff-base"
 
 log() { printf '\033[1m== %s\033[0m\n' "$*" >&2; }
 die() { printf 'error: %s\n' "$*" >&2; exit 1; }
@@ -37,6 +41,40 @@ ensure_packages() {
     $sudo apt-get update -qq
     DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends \
         "${missing[@]}" >/dev/null
+}
+
+# The mirror apt on this machine uses for SUITE/main ($2 when there is none).
+debian_mirror_for() {
+    apt-cache policy | awk -v s="$1/main" '$3 == s { print $2; exit }' | grep . || echo "$2"
+}
+
+# Makes a minimal Debian 12 in directory $1 (removed first) with debootstrap from this machine's own
+# Debian mirror, with the apt sources of debian:12-slim (security updates included) and no package
+# lists or archives left; debootstrap's output goes to $2. For scripts/check-image and
+# scripts/check-package; needs root.
+make_debian_root() {
+    local root=$1 output=$2 mirror security
+    mirror=$(debian_mirror_for bookworm http://deb.debian.org/debian)
+    security=$(debian_mirror_for bookworm-security http://deb.debian.org/debian-security)
+    log "making a Debian 12 with debootstrap from $mirror"
+    rm -rf "$root"
+    debootstrap --variant=minbase bookworm "$root" "$mirror" >"$output" 2>&1 ||
+        { tail -20 "$output"; die "debootstrap failed"; }
+    rm -f "$root/etc/apt/sources.list"
+    cat >"$root/etc/apt/sources.list.d/debian.sources" <<SOURCES
+Types: deb
+URIs: $mirror
+Suites: bookworm bookworm-updates
+Components: main
+Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
+
+Types: deb
+URIs: $security
+Suites: bookworm-security
+Components: main
+Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
+SOURCES
+    rm -rf "$root"/var/lib/apt/lists/* "$root"/var/cache/apt/*.bin "$root"/var/cache/apt/archives/*.deb
 }
 
 # Configures and builds into $1 with extra CMake arguments.

@@ -835,3 +835,31 @@ void ces_config_diff(const ces_config_t *a, const ces_config_t *b,
             fn(keys[i].name, keys[i].reloadable, arg);
     }
 }
+
+size_t ces_config_key_count(void) {
+    return NKEYS;
+}
+
+bool ces_config_key_info(size_t index, ces_config_key_info_t *info) {
+    if (index >= NKEYS)
+        return false;
+    const key_t_ *k = &keys[index];
+    static const char *const type_names[] = {
+        [KEY_STRING] = "string",
+        [KEY_INT] = "integer",
+        [KEY_BOOL] = "boolean",
+        [KEY_STRING_LIST] = "list of strings",
+    };
+    *info = (ces_config_key_info_t){
+        .name = k->name,
+        .type = type_names[k->type],
+        .default_value = k->default_value,
+        .required_for_daemon = k->required_for_daemon,
+        .required_for_replay = k->required_for_replay,
+        .has_range = k->type == KEY_INT,
+        .min = k->min,
+        .max = k->max,
+        .reloadable = k->reloadable,
+    };
+    return true;
+}

@@ -1,8 +1,9 @@
 /*
  * config: the libconfig file, validated against one table of keys.
  *
- * Every key ces2pg understands is a row of the table in config.c, with its type, default and help
- * text; conf/ces2pg.conf documents the same keys. Unknown keys, wrong types and missing required keys
+ * Every key ces2pg understands is a row of the table in config.c, with its type, default, range and
+ * whether a reload may change it; conf/ces2pg.conf and ces2pg.conf(5) (man/, whose facts are
+ * generated from the table) document the same keys. Unknown keys, wrong types and missing required keys
  * are errors that name the file, the line and the key.
  */
 #ifndef CES_CONFIG_H
@@ -122,5 +123,24 @@ void ces_config_diff(const ces_config_t *a, const ces_config_t *b,
 
 /* Writes every key with its effective value, one "key = value" per line (for --check-config). */
 void ces_config_print(const ces_config_t *config, FILE *out);
+
+/* What the table says of one key, for documentation (man/gen-keys.c writes ces2pg.conf(5)'s
+ * facts from it). Every pointer refers to static storage. */
+typedef struct {
+    const char *name;          /* "group.key" */
+    const char *type;          /* "string", "integer", "boolean" or "list of strings" */
+    const char *default_value; /* as the table holds it; NULL: none (unset, or an empty list) */
+    bool required_for_daemon;
+    bool required_for_replay;
+    bool has_range;            /* integers: min..max */
+    int64_t min, max;
+    bool reloadable;           /* SIGHUP changes it; otherwise a restart is needed */
+} ces_config_key_info_t;
+
+/* The number of keys in the table. */
+size_t ces_config_key_count(void);
+
+/* Fills *info with the index-th key of the table, in its order. Returns false past the end. */
+bool ces_config_key_info(size_t index, ces_config_key_info_t *info);
 
 #endif

@@ -918,8 +918,9 @@ static int run_adopt(int argc, char **argv) {
 
 int main(int argc, char **argv) {
     /* librdkafka's threads would each get a malloc arena of their own; two keep the footprint of
-     * a backlog from multiplying. */
-    mallopt(M_ARENA_MAX, 2);
+     * a backlog from multiplying. MALLOC_ARENA_MAX, glibc's own variable, overrides it. */
+    if (getenv("MALLOC_ARENA_MAX") == NULL)
+        mallopt(M_ARENA_MAX, 2);
     if (argc > 1 && strcmp(argv[1], "dead-letters") == 0) {
         install_signals(false);
         return run_dead_letters(argc, argv);

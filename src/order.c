@@ -221,6 +221,14 @@ void ces_order_clear(ces_order_t *o) {
     parts_clear(o);
 }
 
+void ces_order_forget_committed(ces_order_t *o) {
+    o->ring_used = 0;
+    o->ring_next = 0;
+    o->nflight = 0;
+    if (o->slots != NULL)
+        memset(o->slots, 0, o->nslots * sizeof(*o->slots));
+}
+
 void ces_order_destroy(ces_order_t *o) {
     if (o == NULL)
         return;

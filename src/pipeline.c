@@ -187,14 +187,27 @@ static bool is_revoked(void *arg, const ces_source_t *source) {
     return false;
 }
 
+/* The partitions kept go back to their stored positions. Returns 0, or -1 when they could not
+ * (the consumer then stops: a restart reads from the stored positions). */
+static int rewind_before_revocation(ces_pipeline_t *p) {
+    char err[512];
+    if (ces_flight_rewind(p, err, sizeof(err)) == CES_PIPELINE_OK)
+        return 0;
+    ces_log_error("going back to the stored positions at a revocation: %s", err);
+    return -1;
+}
+
 int ces_pipeline_on_revoked(void *opaque, const char *topic, const int32_t *partitions, size_t n) {
     ces_pipeline_t *p = opaque;
     char err[512];
     if (take_staged_before_rebalance(p) != 0)
         return -1;
+    /* A source transaction streamed in part cannot be committed, and its other part may be read
+     * by the partitions' next owner: it is rolled back (below). */
+    bool abandon_stream = p->streaming && !p->stream_complete;
     /* Commit what is complete while the partitions are still ours (the fence refuses it if they
      * are not), then forget them. */
-    if (ces_flight_flush(p, err, sizeof(err)) == CES_PIPELINE_FATAL) {
+    if (!abandon_stream && ces_flight_flush(p, err, sizeof(err)) == CES_PIPELINE_FATAL) {
         ces_log_error("committing before revocation: %s", err);
         return -1;
     }
@@ -212,6 +225,14 @@ int ces_pipeline_on_revoked(void *opaque, const char *topic, const int32_t *part
      * owner reads it again); what is held for the partitions we keep stays, and they read on. An
      * event joined from segments of a revoked partition and a kept one cannot be split: then
      * every partition goes back to its stored position. */
+    if (abandon_stream) {
+        char lsn[23];
+        ces_lsn_format(p->stream_lsn, lsn);
+        ces_log_info("partitions revoked while source transaction %s was streamed in part: "
+                     "rolling it back, the partitions kept go back to their stored positions",
+                     lsn);
+        return rewind_before_revocation(p);
+    }
     revoked_t r = {topic, partitions, n};
     long segments = ces_reasm_drop_sources(p->reasm, is_revoked, &r);
     long events = 0;
@@ -220,8 +241,7 @@ int ces_pipeline_on_revoked(void *opaque, const char *topic, const int32_t *part
     if (segments < 0 || events < 0) {
         ces_log_info("a held event joins segments of a revoked partition and of one kept: going "
                      "back to the stored positions");
-        if (ces_flight_rewind(p, err, sizeof(err)) != CES_PIPELINE_OK)
-            ces_log_warning("going back before revocation: %s", err);
+        return rewind_before_revocation(p);
     } else if (segments > 0 || events > 0) {
         ces_log_debug("revoked %zu partition(s) of %s: dropped %ld held event(s) and %ld segment "
                       "group(s) of theirs",

@@ -154,6 +154,7 @@ typedef struct {
     int64_t now_ms;
     int64_t window_ms;
     bool ready;
+    size_t owned; /* partitions assigned: with none, nothing is ready (not vacuously) */
 } ready_scan_t;
 
 /*
@@ -179,6 +180,7 @@ static void scan_ready(void *value, void *arg) {
     const partition_t *part = value;
     if (!r->ready || !part->assigned)
         return;
+    r->owned++;
     if (part->has_frontier && ces_lsn_compare(part->frontier, r->lsn) > 0)
         return;
     if (!partition_quiet(r->p, part, r->now_ms, r->window_ms))
@@ -192,6 +194,7 @@ static void scan_startable(void *value, void *arg) {
     const partition_t *part = value;
     if (!r->ready || !part->assigned)
         return;
+    r->owned++;
     if (part->has_frontier && ces_lsn_compare(part->frontier, r->lsn) >= 0)
         return;
     if (!partition_quiet(r->p, part, r->now_ms, r->window_ms))
@@ -200,9 +203,9 @@ static void scan_startable(void *value, void *arg) {
 
 static bool all_partitions(const ces_pipeline_t *p, void (*scan)(void *, void *), ces_lsn_t lsn,
                            int64_t now_ms) {
-    ready_scan_t r = {p, lsn, now_ms, ces_window_ms(&p->late.window), true};
+    ready_scan_t r = {p, lsn, now_ms, ces_window_ms(&p->late.window), true, 0};
     ces_map_each(p->partitions, scan, &r);
-    return r.ready;
+    return r.ready && r.owned > 0;
 }
 
 /* Moves every complete source transaction, oldest first, into the batch (every one when drain). */

@@ -601,6 +601,14 @@ def test_systemd_unit_essentials():
         assert re.search(rf"^{re.escape(line)}$", text, re.M), line
     assert re.search(r"^WatchdogSec=\d+", text, re.M)
     assert re.search(r"^LoadCredential=\S+:\S+", text, re.M)
+    # The packaged system user (systemd/ces2pg.sysusers), the group that may read the
+    # configuration, and a credential whose file may be missing without stopping the start.
+    assert re.search(r"^User=ces2pg$", text, re.M)
+    assert re.search(r"^Group=ces2pg$", text, re.M)
+    assert not re.search(r"^DynamicUser=", text, re.M)
+    assert re.search(r"^SetCredential=pg-password:", text, re.M)
+    sysusers = (ROOT / "systemd" / "ces2pg.sysusers").read_text()
+    assert re.search(r"^u ces2pg - ", sysusers, re.M)
 
 
 def test_compose_file_is_valid(tmp_path):

@@ -169,6 +169,58 @@ static void missing_file(void **state) {
     assert_non_null(strstr(err, "/nonexistent/ces2pg.conf"));
 }
 
+/* The read-only view of the key table (what ces2pg.conf(5) is generated from) says what the
+ * loader does: every default it gives is the value a file without that key gets. */
+static void key_table_view_matches_the_loader(void **state) {
+    (void)state;
+    write_config("kafka = { brokers = \"b:9092\"; topics = [ \"t\" ]; };\n"
+                 "postgres = { conninfo = \"dbname=x\"; };\n");
+    ces_config_t *c = NULL;
+    char err[512];
+    assert_int_equal(ces_config_load(path, CES_CONFIG_DAEMON, &c, err, sizeof(err)),
+                     CES_CONFIG_OK);
+    char *printed = NULL;
+    size_t printed_len = 0;
+    FILE *mem = open_memstream(&printed, &printed_len);
+    fputc('\n', mem); /* so that every line, the first too, starts after a newline */
+    ces_config_print(c, mem);
+    fclose(mem);
+    size_t n = ces_config_key_count();
+    assert_true(n > 40);
+    size_t lines = 0;
+    for (const char *p = printed; *p != '\0'; p++)
+        lines += *p == '\n';
+    assert_int_equal(lines, n + 1); /* one line per key of the table, and no other */
+    for (size_t i = 0; i < n; i++) {
+        ces_config_key_info_t info;
+        assert_true(ces_config_key_info(i, &info));
+        for (size_t j = 0; j < i; j++) {
+            ces_config_key_info_t other;
+            assert_true(ces_config_key_info(j, &other));
+            assert_string_not_equal(info.name, other.name);
+        }
+        assert_non_null(strchr(info.name, '.'));
+        assert_int_equal(info.has_range, strcmp(info.type, "integer") == 0);
+        if (info.has_range)
+            assert_true(info.min <= info.max);
+        if (info.default_value == NULL || strcmp(info.name, "apply.reorder_window_max_ms") == 0)
+            continue; /* the one default settled from another key; tested above */
+        char want[256];
+        if (strcmp(info.type, "string") == 0)
+            snprintf(want, sizeof(want), "\n%s = \"%s\"\n", info.name, info.default_value);
+        else
+            snprintf(want, sizeof(want), "\n%s = %s\n", info.name, info.default_value);
+        if (strstr(printed, want) == NULL)
+            fail_msg("the table's default of %s is not what the loader gives:\n%s", info.name,
+                     printed);
+    }
+    ces_config_key_info_t past;
+    assert_false(ces_config_key_info(n, &past));
+    free(printed);
+    ces_config_destroy(c);
+    unlink(path);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(loads_valid_file_with_defaults),
@@ -176,6 +228,7 @@ int main(void) {
         cmocka_unit_test(reorder_window_defaults),
         cmocka_unit_test(replay_needs_no_kafka),
         cmocka_unit_test(missing_file),
+        cmocka_unit_test(key_table_view_matches_the_loader),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
