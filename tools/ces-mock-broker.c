@@ -79,11 +79,13 @@ struct topic_spec {
         int partitions;
 };
 
-static volatile sig_atomic_t stop_requested = 0;
+static volatile sig_atomic_t stop_requested = 0; /* the signal's number */
+static volatile sig_atomic_t stop_sender    = 0; /* its sender's pid */
 
-static void on_signal(int sig) {
-        (void)sig;
-        stop_requested = 1;
+static void on_signal(int sig, siginfo_t *info, void *context) {
+        (void)context;
+        stop_sender    = info ? (sig_atomic_t)info->si_pid : 0;
+        stop_requested = sig;
 }
 
 static void usage(FILE *out) {
@@ -472,7 +474,8 @@ int main(int argc, char **argv) {
         }
 
         memset(&sa, 0, sizeof(sa));
-        sa.sa_handler = on_signal;
+        sa.sa_sigaction = on_signal;
+        sa.sa_flags     = SA_SIGINFO;
         sigemptyset(&sa.sa_mask);
         if (sigaction(SIGTERM, &sa, NULL) || sigaction(SIGINT, &sa, NULL)) {
                 perror("ces-mock-broker: sigaction");
@@ -548,6 +551,9 @@ int main(int argc, char **argv) {
         ctl.open       = control;
         while (!stop_requested)
                 control_step(&ctl);
+        /* Who stopped the cluster, for the logs of tests that did not. */
+        fprintf(stderr, "ces-mock-broker: stopping on signal %d from pid %d\n",
+                (int)stop_requested, (int)stop_sender);
 
         rd_kafka_mock_cluster_destroy(mcluster);
         rd_kafka_destroy(rk);
