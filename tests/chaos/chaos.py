@@ -965,11 +965,12 @@ class Chaos:
                 for fault in plan:
                     started = time.monotonic()
                     left = self.fault_count - len(self.done)
-                    # Pace the rest of the stream to last as long as the faults.
+                    # Pace the rest of the stream to last a little longer than
+                    # the faults, so that the last one too hits a flowing stream.
                     if per_fault:
                         mean = sum(per_fault) / len(per_fault)
                         producer.rate = min(3 * self.rate, max(
-                            self.rate / 3, producer.left() / max(1.0, left * mean)))
+                            self.rate / 3, producer.left() / (left * mean + 10)))
                     self.one_fault(fault)
                     per_fault.append(time.monotonic() - started)
                     if producer.done.is_set() and len(self.done) < self.fault_count:
