@@ -18,6 +18,7 @@ from chaos import (
     MockTarget,
     OffsetWatcher,
     RealTarget,
+    RssSampler,
     check_audit,
     harness,
     install_audit,
@@ -110,3 +111,21 @@ def test_checks_catch_what_they_check(tmp_path, db):
     harness.wait_until(lambda: watcher.failed(), 30)
     with pytest.raises(AssertionError, match="moved backwards: 10 -> 9"):
         watcher.stop()
+
+
+def test_rss_verdict():
+    """The soak's memory criterion: flat or bounded memory passes, memory
+    that keeps growing fails, and so do too few samples."""
+    def verdict(kib_at, n=30, until=None):
+        sampler = RssSampler(lambda: (1, 1))
+        sampler.samples = [(10.0 * i, 1, 1, kib_at(i)) for i in range(n)]
+        return sampler.verdict(until=until)
+
+    assert verdict(lambda i: 20000 + (i % 5) * 500)[0]  # noisy but flat
+    assert verdict(lambda i: 10000 + min(i, 8) * 2000)[0]  # warm-up, then flat
+    ok, text = verdict(lambda i: 20000 + i * 400)  # 400 KiB more every 10 s
+    assert not ok and "KEEPS GROWING" in text, text
+    # A burst at the end (the drain) does not count when until excludes it.
+    assert not verdict(lambda i: 20000 if i < 27 else 40000)[0]
+    assert verdict(lambda i: 20000 if i < 27 else 40000, until=260)[0]
+    assert not verdict(lambda i: 20000, n=5)[0]
