@@ -986,6 +986,13 @@ class Chaos:
             self.note(f"{len(self.done)} faults done; producing the rest of the stream "
                       f"({producer.left()} records)")
             self.finish()
+        except Exception as e:
+            if "replay with scripts/chaos" in str(e):
+                raise
+            # Whatever failed, the report says how to replay the run.
+            raise AssertionError(
+                f"{type(e).__name__}: {e}\n{self.replay_hint()}\nfaults so far:\n"
+                + "\n".join(self.fault_lines())) from e
         finally:
             for t in self.threads:
                 t._stop.set()
