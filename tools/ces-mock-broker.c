@@ -46,7 +46,9 @@
  * Neither limit is settable in 2.0.2; produce big streams at the consumer's
  * pace (see tests/integration/conftest.py, PacedProducer).
  *
- * Exit status: 0 after a clean stop, 64 on a usage error, 1 on failure.
+ * On SIGTERM or SIGINT it logs the signal and the pid that sent it on stderr
+ * and stops. Exit status: 0 after a clean stop, 64 on a usage error, 1 on
+ * failure.
  */
 #define _POSIX_C_SOURCE 200809L
 
