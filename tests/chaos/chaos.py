@@ -45,7 +45,6 @@ import json
 import random
 import re
 import signal
-import subprocess
 import sys
 import threading
 import time
@@ -817,11 +816,9 @@ class Chaos:
                            if not (soak_minutes and k in RESTARTS))
         self.daemon = None
         self.instances = 0
-        self.config_serial = 0
         self.done = []  # faults done
         self.t0 = None
         self.daemons = []
-        self.events = []  # (seconds, text): the run's log, for the report
 
     # -- reporting ---------------------------------------------------------
 
@@ -830,7 +827,6 @@ class Chaos:
 
     def note(self, text):
         line = f"[{self.elapsed():7.1f}s] {text}"
-        self.events.append(line)
         log(line)
 
     def replay_hint(self):

@@ -2,10 +2,6 @@
 Apache Kafka, and a check that the checks themselves catch what they are
 there to catch."""
 
-import contextlib
-import time
-
-import psycopg2
 import pytest
 
 from chaos import (
