@@ -412,18 +412,24 @@ def _readline_with_timeout(stream, timeout):
 
 
 class Broker:
-    """A running ces-mock-broker process."""
+    """A running ces-mock-broker process. With control, its control channel
+    is open: command() sends it a command (down, up, errors, clear)."""
 
-    def __init__(self, tmp_path, partitions, topics, brokers, request=None):
+    def __init__(self, tmp_path, partitions, topics, brokers, request=None,
+                 control=False):
         require_binary(MOCK_BROKER, "ces-mock-broker")
         self.topics = {t: partitions for t in topics}
+        self.brokers = brokers
         self.log_path = Path(tmp_path) / f"mock-broker-{id(self):x}.log"
         args = [str(MOCK_BROKER), "--brokers", str(brokers)]
         for t in topics:
             args += ["--topic", f"{t}:{partitions}"]
+        if control:
+            args.append("--control")
         self._log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(
-            args, stdout=subprocess.PIPE, stderr=self._log, env=child_env()
+            args, stdout=subprocess.PIPE, stderr=self._log, env=child_env(),
+            stdin=subprocess.PIPE if control else None,
         )
         if request is not None:
             _attach_log(request, f"ces-mock-broker log ({self.log_path})",
@@ -515,11 +521,27 @@ class Broker:
         finally:
             consumer.close()
 
+    def command(self, line, timeout=10):
+        """Sends one command on the control channel (control=True) and waits
+        for its reply; fails unless the reply is "ok"."""
+        assert self.proc.stdin is not None, "broker started without control"
+        self.proc.stdin.write(line.encode() + b"\n")
+        self.proc.stdin.flush()
+        # One command at a time: the reply is the only line on the way.
+        reply = _readline_with_timeout(self.proc.stdout, timeout)
+        if reply is None or not reply.strip():
+            raise AssertionError(
+                f"ces-mock-broker: no reply to {line!r} within {timeout}s "
+                f"(exit {self.proc.poll()}):\n{_tail_text(self.log_path)[-2000:]}")
+        assert reply.strip() == "ok", f"ces-mock-broker: {line!r}: {reply.strip()}"
+
     def stop(self):
         """SIGTERM; returns the exit code."""
         if self.stopped:
             return self.proc.returncode
         self.stopped = True
+        if self.proc.stdin is not None:
+            self.proc.stdin.close()
         if self._producer is not None:
             self._producer.flush(5)
             self._producer = None
@@ -537,13 +559,14 @@ class Broker:
 
 @pytest.fixture
 def broker(tmp_path, request):
-    """Factory: broker(partitions=4, topics=("ces",), brokers=1) -> Broker."""
+    """Factory: broker(partitions=4, topics=("ces",), brokers=1,
+    control=False) -> Broker."""
     started = []
 
-    def start(partitions=4, topics=("ces",), brokers=1):
+    def start(partitions=4, topics=("ces",), brokers=1, control=False):
         if isinstance(topics, str):
             topics = (topics,)
-        b = Broker(tmp_path, partitions, topics, brokers, request)
+        b = Broker(tmp_path, partitions, topics, brokers, request, control)
         started.append(b)
         return b
 

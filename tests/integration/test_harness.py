@@ -69,6 +69,48 @@ def test_broker_with_three_brokers(broker):
     assert b.stop() == 0
 
 
+def test_broker_control_channel(broker):
+    """ces-mock-broker --control: a broker set down refuses clients until it
+    is up again, pushed errors fail the next requests of their type, clear
+    forgets them, and a bad command is answered with its reason."""
+    from confluent_kafka import Producer
+
+    b = broker(partitions=1, brokers=1, control=True)
+
+    def produce_once(value, timeout_ms=3000):
+        p = Producer({"bootstrap.servers": b.bootstrap, "linger.ms": 0,
+                      "message.send.max.retries": 0,
+                      "message.timeout.ms": timeout_ms,
+                      "reconnect.backoff.max.ms": 100})
+        result = []
+        p.produce("ces", value=value, partition=0,
+                  on_delivery=lambda err, msg: result.append(err))
+        p.flush(timeout_ms / 1000 + 5)
+        assert len(result) == 1
+        return result[0]
+
+    assert produce_once(b"before") is None
+    b.command("down 1")
+    assert produce_once(b"while down", 2000) is not None
+    b.command("up 1")
+    assert produce_once(b"after") is None
+    b.command("errors Produce 1 MSG_SIZE_TOO_LARGE")
+    err = produce_once(b"refused")
+    assert err is not None and err.name() == "MSG_SIZE_TOO_LARGE", err
+    assert produce_once(b"next") is None  # one error, one request
+    b.command("errors produce 2 10")  # by number: MSG_SIZE_TOO_LARGE
+    b.command("clear Produce")
+    assert produce_once(b"cleared") is None
+    for bad, reason in (("down 2", "no broker '2'"),
+                        ("errors Nope 1 NOT_COORDINATOR", "unknown request type"),
+                        ("errors Fetch 1 NOPE", "unknown error code"),
+                        ("errors Fetch 0 NOT_COORDINATOR", "invalid count"),
+                        ("explode", "unknown command")):
+        with pytest.raises(AssertionError, match=reason):
+            b.command(bad)
+    assert b.stop() == 0
+
+
 def test_wait_until_times_out_with_message():
     with pytest.raises(AssertionError, match="the sky to fall"):
         wait_until(lambda: False, 0.3, interval=0.05,

@@ -17,6 +17,9 @@ so test modules import everything from ``conftest``. This file adds:
 - ``eventhubs_daemon`` (factory): a ces2pg daemon in Event Hubs mode.
 - ``other_ca``: a CA certificate that did not sign the broker's.
 
+RealKafka.stop_process() and start_again() stop the broker and run it again
+on the same ports and data (the chaos tier's broker outage).
+
 Environment: CES2PG_KAFKA_DIR keeps the broker's directory there (default: a
 temporary directory, removed at the end).
 """
@@ -262,6 +265,34 @@ class RealKafka:
         return SimpleNamespace(bootstrap=self.plaintext,
                                topics={topic: partitions})
 
+    def stop_process(self, timeout=60):
+        """Stops the broker with SIGTERM (a controlled shutdown), keeping its
+        directory for start_again(); returns how long it took."""
+        self._admin = None
+        started = time.monotonic()
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            raise AssertionError(f"Kafka did not stop within {timeout}s of SIGTERM")
+        finally:
+            self._out.close()
+        return time.monotonic() - started
+
+    def start_again(self, timeout=120):
+        """Runs the stopped broker again (kafka-broker rerun: the same ports,
+        certificates and data); returns how long it took until both listeners
+        answered."""
+        started = time.monotonic()
+        self._out = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(
+            [str(KAFKA_SCRIPT), "rerun", str(self.dir)], stdout=self._out,
+            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        self.wait_ready(timeout)
+        return time.monotonic() - started
+
     def stop(self):
         self._admin = None  # a client left would log refused reconnections
         if self.proc.poll() is None:
@@ -271,7 +302,8 @@ class RealKafka:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
-        self._out.close()
+        if not self._out.closed:
+            self._out.close()
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,80 @@
+"""Chaos tier: ces2pg applies a transactional multi-table stream while random
+faults hit it, one at a time; afterwards every guarantee is checked (see
+chaos.py for the stream, the faults and the checks).
+
+Run with Debian's interpreter, after building (scripts/chaos does both):
+
+    CES2PG_BUILD=build-asan /usr/bin/python3 -m pytest tests/chaos -s \\
+        -k mock_broker [--faults N] [--seed S] [--soak MINUTES]
+
+The harness of tests/integration (PostgreSQL, the mock broker, the ces2pg
+daemon factory, the generator and comparison helpers) and the real-broker
+tier's Apache Kafka fixtures are loaded from their directories, like
+tests/realbroker/conftest.py does.
+
+Options:
+    --faults N        faults per run (default: 30 on the mock, 10 on Kafka)
+    --seed S          the seed of the faults, their parameters and the stream
+                      (default: a random one, printed)
+    --profile P       small (default), streamed or random (see chaos.PROFILES)
+    --soak MINUTES    stream for that long instead, faults coming all along,
+                      and fail if ces2pg's resident memory keeps growing
+"""
+
+import random
+
+import pytest
+
+from chaos import PROFILES, harness, realbroker
+
+# Fixtures and hooks (pytest finds them in this module's namespace).
+pg = harness.pg
+db = harness.db
+broker = harness.broker
+ces2pg = harness.ces2pg
+_track_item = harness._track_item
+pytest_runtest_setup = harness.pytest_runtest_setup
+pytest_runtest_makereport = harness.pytest_runtest_makereport
+kafka = realbroker.kafka
+kafka_logs = realbroker.kafka_logs
+topic = realbroker.topic
+
+
+def pytest_addoption(parser):
+    group = parser.getgroup("chaos", "ces2pg's chaos tier")
+    group.addoption("--faults", type=int, default=None, metavar="N",
+                    help="faults per run (default 30 on the mock broker, 10 on "
+                         "Apache Kafka)")
+    group.addoption("--seed", type=int, default=None, metavar="S",
+                    help="seed of the faults and the stream (default: random)")
+    group.addoption("--profile", default=None,
+                    choices=sorted(PROFILES) + ["random"],
+                    help="shape of the source transactions: small (the "
+                         "default), streamed (some larger than a batch) or "
+                         "random (chosen by the seed)")
+    group.addoption("--soak", type=float, default=0.0, metavar="MINUTES",
+                    help="stream for MINUTES with faults all along and check "
+                         "that ces2pg's memory does not keep growing")
+
+
+class ChaosOptions:
+    def __init__(self, config):
+        self.faults = config.getoption("--faults")
+        self.seed = config.getoption("--seed")
+        if self.seed is None:
+            self.seed = random.SystemRandom().randrange(1, 10**9)
+        self.soak = config.getoption("--soak")
+        self.profile = config.getoption("--profile")
+        if self.faults is not None and self.faults < 1:
+            raise pytest.UsageError("--faults must be at least 1")
+        if self.soak and self.soak < 2:
+            raise pytest.UsageError("--soak needs at least 2 minutes (RSS is "
+                                    "sampled every 10 s and judged by thirds)")
+
+    def faults_for(self, default):
+        return self.faults if self.faults is not None else default
+
+
+@pytest.fixture(scope="session")
+def chaos_options(request):
+    return ChaosOptions(request.config)
