@@ -16,7 +16,7 @@ Options:
     --faults N        faults per run (default: 30 on the mock, 10 on Kafka)
     --seed S          the seed of the faults, their parameters and the stream
                       (default: a random one, printed)
-    --profile P       small (default), streamed or random (see chaos.PROFILES)
+    --profile P       small, streamed or random (the default; see chaos.PROFILES)
     --soak MINUTES    stream for that long instead, faults coming all along,
                       and fail if ces2pg's resident memory keeps growing
 """
@@ -49,9 +49,9 @@ def pytest_addoption(parser):
                     help="seed of the faults and the stream (default: random)")
     group.addoption("--profile", default=None,
                     choices=sorted(PROFILES) + ["random"],
-                    help="shape of the source transactions: small (the "
-                         "default), streamed (some larger than a batch) or "
-                         "random (chosen by the seed)")
+                    help="shape of the source transactions: small, streamed "
+                         "(some larger than a batch) or random (chosen by "
+                         "the seed: the default)")
     group.addoption("--soak", type=float, default=0.0, metavar="MINUTES",
                     help="stream for MINUTES with faults all along and check "
                          "that ces2pg's memory does not keep growing")

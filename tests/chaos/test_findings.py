@@ -1,9 +1,9 @@
 """ces2pg bugs the chaos runs found, each reduced to a deterministic case.
 
-Each test asserts what ces2pg promises and is marked xfail(strict=True) while
-the bug is there: once it is fixed the test passes, pytest reports the XPASS
-as a failure, and the mark (and, for the first, the restriction of the chaos
-runs to the "small" profile in chaos.py) must go.
+Each test asserts what ces2pg promises; each was marked xfail(strict=True)
+while its bug was there, and fails again should the bug come back. A new
+finding goes here the same way: its case first, marked xfail(strict=True)
+with the run that found it, the mark removed by the fix.
 """
 
 import contextlib
@@ -33,15 +33,6 @@ def bank_records(tmp_path, seed, accounts, transfers_per_txn, transactions):
     return a, b, expect
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "ces2pg bug: when a rebalance takes every partition away while a source "
-    "transaction larger than a batch is being streamed, ces2pg commits the "
-    "part it has sent (with no partition owned, release.c's all_partitions() "
-    "finds every owned partition past the transaction: vacuously true), and "
-    "applies the rest in another PostgreSQL transaction after the partitions "
-    "come back: a reader sees the source transaction in part. Found by "
-    "scripts/chaos --faults 7 --seed 1 --profile streamed (fault #1, "
-    "request_errors Heartbeat REBALANCE_IN_PROGRESS)."))
 def test_rebalance_while_streaming_commits_a_part(tmp_path, db, broker, ces2pg):
     """A source transaction of 40 events (20 transfers between AccountsA on
     partition 0 and AccountsB on partition 1) with batches of 10 events:
@@ -102,16 +93,6 @@ def _crash_and_restart(pg):
     assert r.returncode == 0, r.stdout + r.stderr
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "ces2pg bug: going back to the positions PostgreSQL holds (after a fence "
-    "or a lost connection), ces2pg keeps its memory of recently committed "
-    "positions (apply.dedup_window; flight.c's ces_flight_rewind does not "
-    "clear order.c's ring). When PostgreSQL lost commits it had acknowledged "
-    "(synchronous_commit = off and a crash, or an asynchronous standby "
-    "promoted), the records read again are skipped as duplicates and their "
-    "changes are never applied, although PostgreSQL's rows and positions "
-    "agree. Found by scripts/chaos --faults 7 --seed 1 --profile streamed "
-    "before the chaos database was made durable (fault #3, pg_crash)."))
 def test_commits_lost_by_postgresql_are_applied_again(tmp_path, pg, db, broker,
                                                       ces2pg):
     """ces2pg's sessions commit asynchronously (synchronous_commit = off) and
