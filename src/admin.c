@@ -7,6 +7,7 @@
 #include "adopt.h"
 #include "catalog.h"
 #include "consumer.h"
+#include "json.h"
 #include "log.h"
 #include "types.h"
 
@@ -101,20 +102,11 @@ int ces_admin_list(ces_inspect_t *inspect, const char *class, const char *table,
     return n < 0 ? -1 : 0;
 }
 
-/* True when bytes are UTF-8 text without NULs or line breaks: printable as one line as they are. */
+/* True when bytes are UTF-8 text without NULs or line breaks: printable as one line as they are
+ * (and as a JSON string: yajl_gen does not check UTF-8 here). */
 static bool one_line_text(const unsigned char *p, size_t len) {
-    for (size_t i = 0; i < len;) {
-        unsigned char c = p[i];
-        size_t n = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
-        if (n == 0 || i + n > len || c == '\0' || c == '\n' || c == '\r')
-            return false;
-        for (size_t k = 1; k < n; k++) {
-            if ((p[i + k] & 0xC0) != 0x80)
-                return false;
-        }
-        i += n;
-    }
-    return true;
+    return ces_utf8_valid((const char *)p, len) && memchr(p, '\0', len) == NULL &&
+           memchr(p, '\n', len) == NULL && memchr(p, '\r', len) == NULL;
 }
 
 typedef struct {

@@ -8,6 +8,7 @@
 
 #include "bulk.h"
 #include "decode.h"
+#include "json.h"
 #include "log.h"
 #include "map.h"
 #include "sqltext.h"
@@ -789,19 +790,12 @@ static char *utf8_sanitize(const char *s) {
     char *out = malloc(len + 1);
     if (out == NULL)
         return NULL;
-    size_t i = 0;
-    while (i < len) {
-        unsigned char c = (unsigned char)s[i];
-        size_t n = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
-        bool ok = n > 0 && i + n <= len;
-        for (size_t k = 1; ok && k < n; k++)
-            ok = ((unsigned char)s[i + k] & 0xC0) == 0x80;
-        if (ok) {
-            memcpy(out + i, s + i, n);
-            i += n;
-        } else {
+    for (size_t i = 0; i < len;) {
+        size_t valid = ces_utf8_check(s + i, len - i);
+        memcpy(out + i, s + i, valid);
+        i += valid;
+        if (i < len)
             out[i++] = '?';
-        }
     }
     out[len] = '\0';
     return out;

@@ -148,6 +148,12 @@ def test_retry_by_class_and_what_fails_again(tmp_path, db):
                    f"WHERE id = {after['decode']['id']}")
     rc, out, err = command(db, "dead-letters", "show", str(after["decode"]["id"]))
     assert rc == 0 and out.splitlines()[-1] == "AP8K", out
+    # So are bytes that only look like UTF-8 (an encoded surrogate, which PostgreSQL and JSON
+    # refuse as text).
+    db.query("UPDATE ces2pg.dead_letters SET payload = '\\xeda080'::bytea "
+                   f"WHERE id = {after['decode']['id']}")
+    rc, out, err = command(db, "dead-letters", "show", str(after["decode"]["id"]))
+    assert rc == 0 and out.splitlines()[-1] == "7aCA", out
 
     # Duplicates in one retry: both apply through the guard (the second is a no-op or skipped),
     # and both leave the table.
