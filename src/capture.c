@@ -156,10 +156,13 @@ static int compile_layout(ces_capture_t *c, const char *layout, char *errstr, si
     return rc;
 }
 
-/* The number in path[m] (digits only: the pattern says so). */
-static long group_number(const char *path, const regmatch_t *m) {
-    long v = 0;
-    for (regoff_t i = m->rm_so; i < m->rm_eo && v < 100000000; i++)
+/* The number in path[m] (digits only: the pattern says so), or -1 when it has more digits than
+ * any int32_t. */
+static int64_t group_number(const char *path, const regmatch_t *m) {
+    if (m->rm_eo - m->rm_so > 10)
+        return -1;
+    int64_t v = 0;
+    for (regoff_t i = m->rm_so; i < m->rm_eo; i++)
         v = v * 10 + (path[i] - '0');
     return v;
 }
@@ -169,8 +172,8 @@ int ces_capture_match_path(const ces_capture_t *c, const char *path, int32_t *pa
     regmatch_t m[NPLACEHOLDERS + 3];
     if (regexec(&c->layout, path, NPLACEHOLDERS + 3, m, 0) != 0)
         return -1;
-    long id = group_number(path, &m[c->groups[P_PARTITION]]);
-    if (id > INT32_MAX)
+    int64_t id = group_number(path, &m[c->groups[P_PARTITION]]);
+    if (id < 0 || id > INT32_MAX)
         return -1;
     *partition = (int32_t)id;
     const regmatch_t *ns = &m[c->groups[P_NAMESPACE]], *hub = &m[c->groups[P_EVENTHUB]];

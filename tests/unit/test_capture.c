@@ -83,6 +83,14 @@ static void layouts(void **state) {
     assert_int_equal(window, 1772359509); /* 2026-03-01 10:05:09 UTC */
     assert_int_not_equal(ces_capture_match_path(c, "/data/hub-ns/20260301/10.5.9/pX.avro",
                                                 &partition, topic, sizeof(topic), &window), 0);
+    /* A partition id no int32_t holds is no partition (not its first digits). */
+    assert_int_not_equal(ces_capture_match_path(c, "/data/hub-ns/20260301/10.5.9/p2147483648.avro",
+                                                &partition, topic, sizeof(topic), &window), 0);
+    assert_int_not_equal(ces_capture_match_path(c, "/data/hub-ns/20260301/10.5.9/p12345678901",
+                                                &partition, topic, sizeof(topic), &window), 0);
+    assert_int_equal(ces_capture_match_path(c, "/data/hub-ns/20260301/10.5.9/p2147483647",
+                                            &partition, topic, sizeof(topic), &window), 0);
+    assert_int_equal(partition, INT32_MAX);
     ces_capture_destroy(c);
 }
 
