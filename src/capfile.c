@@ -205,9 +205,16 @@ static int fill(ces_capfile_t *f, size_t need) {
         f->start = 0;
     }
     if (need > f->cap) {
+        /* Doubling, but never past the most a block or the header may need: a block at the
+         * limit would otherwise take twice the limit. */
+        size_t most = f->limits.max_block_bytes + BLOCK_HEAD_MAX + SYNC_SIZE;
+        if (most < CES_CAPFILE_MAX_HEADER_BYTES)
+            most = CES_CAPFILE_MAX_HEADER_BYTES;
         size_t cap = f->cap ? f->cap : FIRST_BUFFER;
         while (cap < need)
             cap *= 2;
+        if (cap > most)
+            cap = need > most ? need : most;
         unsigned char *bigger = realloc(f->buf, cap);
         if (bigger == NULL) {
             errno = ENOMEM;
@@ -375,7 +382,11 @@ static ces_capfile_status_t open_header(ces_capfile_t *f, char *errstr, size_t e
                     f->name);
         header_read_t h = {f, f->buf + f->start, avail, 0, -1, errstr, errstr_size};
         st = (ces_capfile_status_t)ces_avro_guarded(avail, 64, guarded_header, &h);
-        if (st == CES_CAPFILE_RECORD && h.header_len > avail) /* not its canonical encoding */
+        /* avro-c says what the header's value takes in Avro's canonical encoding, not how many
+         * bytes it read: only if they are the same does the sync marker end there. */
+        if (st == CES_CAPFILE_RECORD &&
+            (h.header_len > avail || h.header_len < SYNC_SIZE ||
+             memcmp(f->buf + f->start + h.header_len - SYNC_SIZE, f->sync, SYNC_SIZE) != 0))
             INVALID("%s: the Avro container header is not in Avro's canonical encoding", f->name);
         if (st == CES_CAPFILE_RECORD) {
             f->event_class = f->schemas->iface[C_EVENT + h.variant];
