@@ -85,8 +85,12 @@ bool ces_positions_to_store(const ces_partition_position_t *pos, const char *top
     if (!pos->dirty || !pos->has_next)
         return false;
     int64_t next = held < pos->next ? held : pos->next;
-    /* Held records can keep a position at or before the stored one: nothing new to store. */
-    if (pos->has_stored && next <= pos->stored)
+    /* Held records can keep a position at or before the stored one: nothing new to store. After
+     * an accepted gap behind the stored position (the partition now ends before it), positions
+     * count from where reading resumed; the stored one stays the fence. */
+    int64_t floor = pos->gap_pending && pos->gap.resumed < pos->stored ? pos->gap.resumed
+                                                                        : pos->stored;
+    if (pos->has_stored && next <= floor)
         return false;
     *update = (ces_offset_update_t){.topic = topic,
                                     .partition = partition,

@@ -124,6 +124,19 @@ def test_position_past_the_end_is_a_gap(tmp_path, db, broker, ces2pg):
                      r"partition .*; an unknown number of records were never read",
                      daemon.log()), daemon.log()[-3000:]
     assert read_offsets(db, GROUP) == {0: 100000}
+    # Accepted: the positions of the partition as it is now are stored (the old one was the
+    # fence), with the gap, and a restart finds none.
+    daemon = ces2pg(db, b, group=GROUP, kafka_extra=['on_source_gap = "continue";'])
+    daemon.wait_log(r"ERROR source gap on ces\[0\]")
+    wait_until(lambda: read_offsets(db, GROUP) == {0: 20}, 60,
+               message="the position of the partition's end stored")
+    assert db.query("SELECT stored_position, resumed_at, skipped_records FROM "
+                    "ces2pg.source_gaps") == [(100000, 0, None)]
+    assert daemon.terminate() == 0
+    again = ces2pg(db, b, group=GROUP)
+    again.wait_log(r"ces\[0\]: resuming at offset 20")
+    assert again.terminate() == 0
+    assert "source gap" not in again.log()
 
 
 def test_out_of_range_with_reset_error(tmp_path, db, broker, ces2pg):

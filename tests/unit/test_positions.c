@@ -164,6 +164,32 @@ static void accepted_gap_goes_with_the_position_past_it(void **state) {
     assert_null(ces_positions_gap_to_store(&pos));
 }
 
+/* A stored position past the partition's end (the topic was recreated), accepted: the positions
+ * read from the new start are stored (the old one as the fence) and the gap goes with them. */
+static void accepted_gap_behind_the_stored_position_is_stored(void **state) {
+    (void)state;
+    ces_partition_position_t pos;
+    ces_source_gap_t gap;
+    ces_offset_update_t u;
+    ces_positions_on_assign(&pos, "t", 0, 100000);
+    assert_true(ces_positions_check_resume(&pos, "t", 0, 0, false, &gap));
+    ces_positions_resume_checked(&pos, &gap);
+    read_records(&pos, 0, 50);
+    assert_true(ces_positions_to_store(&pos, "t", 0, NONE, &u));
+    assert_int_equal(u.expected, 100000);
+    assert_int_equal(u.next, 50);
+    const ces_source_gap_t *g = ces_positions_gap_to_store(&pos);
+    assert_non_null(g);
+    assert_int_equal(g->stored, 100000);
+    assert_int_equal(g->resumed, 0);
+    ces_positions_on_commit(&pos, 50);
+    assert_false(pos.gap_pending);
+    read_records(&pos, 50, 60);
+    assert_true(ces_positions_to_store(&pos, "t", 0, NONE, &u));
+    assert_int_equal(u.expected, 50);
+    assert_int_equal(u.next, 60);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(fresh_partition_stores_after_what_it_read),
@@ -173,6 +199,7 @@ int main(void) {
         cmocka_unit_test(revoke_forgets_everything),
         cmocka_unit_test(resume_is_checked_against_the_stored_position),
         cmocka_unit_test(accepted_gap_goes_with_the_position_past_it),
+        cmocka_unit_test(accepted_gap_behind_the_stored_position_is_stored),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
