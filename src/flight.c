@@ -259,10 +259,8 @@ ces_pipeline_status_t ces_flight_rewind(ces_pipeline_t *p, char *errstr, size_t 
     while ((g = ces_reasm_take_any(p->reasm)) != NULL)
         ces_reasm_group_free(g);
     ces_reasm_forget_completed(p->reasm);
-    if (p->order != NULL) {
-        ces_order_clear(p->order);
-        ces_order_forget_committed(p->order);
-    }
+    if (p->order != NULL)
+        ces_order_reset(p->order);
     ces_release_forget(p);
     ces_apply_stream_abort(p->apply);
     p->streaming = false;

@@ -211,7 +211,7 @@ long ces_order_drop_sources(ces_order_t *o, ces_source_pred_t pred, void *arg) {
     return dropped;
 }
 
-void ces_order_clear(ces_order_t *o) {
+static void drop_held(ces_order_t *o) {
     for (size_t i = 0; i < o->count; i++)
         txn_free(o->txns[o->head + i]);
     o->head = 0;
@@ -221,7 +221,8 @@ void ces_order_clear(ces_order_t *o) {
     parts_clear(o);
 }
 
-void ces_order_forget_committed(ces_order_t *o) {
+void ces_order_reset(ces_order_t *o) {
+    drop_held(o);
     o->ring_used = 0;
     o->ring_next = 0;
     o->nflight = 0;
@@ -232,7 +233,7 @@ void ces_order_forget_committed(ces_order_t *o) {
 void ces_order_destroy(ces_order_t *o) {
     if (o == NULL)
         return;
-    ces_order_clear(o);
+    drop_held(o);
     free(o->parts);
     free(o->txns);
     free(o->ring);

@@ -62,12 +62,11 @@ bool ces_order_min_offset(ces_order_t *order, const char *topic, int32_t partiti
  */
 long ces_order_drop_sources(ces_order_t *order, ces_source_pred_t pred, void *arg);
 
-/* Drops everything held (after a rewind or revocation). */
-void ces_order_clear(ces_order_t *order);
-/* Forgets the recently committed positions (after a rewind: PostgreSQL's stored positions are
- * then the truth, and a commit it acknowledged may be lost, as with synchronous_commit = off and
- * a crash; what is read again must not be skipped as a duplicate). */
-void ces_order_forget_committed(ces_order_t *order);
+/* Drops everything held and forgets the positions sent and recently committed (after a rewind:
+ * PostgreSQL's stored positions are then the truth, and a commit it acknowledged may be lost, as
+ * with synchronous_commit = off and a crash; what is read again must not be skipped as a
+ * duplicate). */
+void ces_order_reset(ces_order_t *order);
 
 size_t ces_order_pending_events(const ces_order_t *order);
 /* Memory of the held events (their arenas). */
