@@ -273,7 +273,3 @@ bool ces_positions_committed(const ces_batch_t *batch, ces_positions_reader_t re
     }
     return true;
 }
-
-/* ============================================================================================== */
-/* 2. The pipeline's bookkeeping of positions                                                     */
-/* ============================================================================================== */
