@@ -82,14 +82,19 @@ static void forget_one(ces_reasm_t *r, const char *logicalid) {
     }
 }
 
-void ces_reasm_group_free(ces_reasm_group_t *g) {
-    if (g == NULL)
-        return;
+/* Frees what a group owns, not the group itself. */
+static void group_contents_free(ces_reasm_group_t *g) {
     for (size_t i = 0; i < g->count; i++)
         ces_arena_destroy(g->segments[i].arena);
     free(g->segments);
     free(g->logicalid);
     free(g->data);
+}
+
+void ces_reasm_group_free(ces_reasm_group_t *g) {
+    if (g == NULL)
+        return;
+    group_contents_free(g);
     free(g);
 }
 
@@ -309,11 +314,7 @@ long ces_reasm_drop_sources(ces_reasm_t *r, ces_source_pred_t pred, void *arg) {
         *pp = g->next;
         r->bytes -= g->bytes;
         r->ngroups--;
-        for (size_t i = 0; i < g->g.count; i++)
-            ces_arena_destroy(g->g.segments[i].arena);
-        free(g->g.segments);
-        free(g->g.logicalid);
-        free(g->g.data);
+        group_contents_free(&g->g);
         free(g);
         dropped++;
     }
