@@ -24,17 +24,11 @@ struct ces_adopt_s {
  * PQclear), anything else is NULL with PostgreSQL's message in errstr. */
 static PGresult *run(ces_adopt_t *a, const char *sql, int nparams, const char *const *params,
                      char *errstr, size_t errstr_size) {
-    PGconn *conn = ces_session_conn(a->session);
-    PGresult *r = PQexecParams(conn, sql, nparams, NULL, params, NULL, NULL, 0);
-    ExecStatusType st = PQresultStatus(r);
-    if (st == PGRES_TUPLES_OK || st == PGRES_COMMAND_OK)
-        return r;
-    snprintf(errstr, errstr_size, "%s", r != NULL ? PQresultErrorMessage(r) : PQerrorMessage(conn));
-    size_t n = strlen(errstr);
-    while (n > 0 && (errstr[n - 1] == '\n' || errstr[n - 1] == ' '))
-        errstr[--n] = '\0';
-    PQclear(r);
-    return NULL;
+    ces_pgerr_t e = CES_PGERR_INIT;
+    PGresult *r = ces_session_query(a->session, sql, nparams, params, &e);
+    if (r == NULL)
+        snprintf(errstr, errstr_size, "%s", e.message);
+    return r;
 }
 
 /* The trigger's function: it returns NULL, so the insert it fires for does not happen. */

@@ -56,18 +56,11 @@ static PGresult *query(ces_inspect_t *in, const char *head, const char *tail, in
         snprintf(errstr, errstr_size, "out of memory");
         return NULL;
     }
-    PGconn *conn = ces_session_conn(in->session);
-    PGresult *r = PQexecParams(conn, sql.buf, nparams, NULL, params, NULL, NULL, 0);
+    ces_pgerr_t e = CES_PGERR_INIT;
+    PGresult *r = ces_session_query(in->session, sql.buf, nparams, params, &e);
     ces_strbuf_free(&sql);
-    ExecStatusType st = PQresultStatus(r);
-    if (st != PGRES_TUPLES_OK && st != PGRES_COMMAND_OK) {
-        snprintf(errstr, errstr_size, "PostgreSQL: %s", PQresultErrorMessage(r));
-        size_t n = strlen(errstr);
-        while (n > 0 && errstr[n - 1] == '\n')
-            errstr[--n] = '\0';
-        PQclear(r);
-        return NULL;
-    }
+    if (r == NULL)
+        snprintf(errstr, errstr_size, "PostgreSQL: %s", e.message);
     return r;
 }
 
@@ -184,16 +177,15 @@ long ces_inspect_purge(ces_inspect_t *in, const char *before, bool is_interval, 
 
 int ces_inspect_now(ces_inspect_t *in, char *buf, size_t size, char *errstr, size_t errstr_size) {
     /* clock_timestamp(): now() would be the start of the session's transaction. */
-    PGresult *r = PQexec(ces_session_conn(in->session), "SELECT clock_timestamp()");
-    int rc = -1;
-    if (PQresultStatus(r) == PGRES_TUPLES_OK && PQntuples(r) == 1) {
-        snprintf(buf, size, "%s", PQgetvalue(r, 0, 0));
-        rc = 0;
-    } else {
-        snprintf(errstr, errstr_size, "PostgreSQL: %s", PQresultErrorMessage(r));
+    ces_pgerr_t e = CES_PGERR_INIT;
+    PGresult *r = ces_session_query(in->session, "SELECT clock_timestamp()", 0, NULL, &e);
+    if (r == NULL) {
+        snprintf(errstr, errstr_size, "PostgreSQL: %s", e.message);
+        return -1;
     }
+    snprintf(buf, size, "%s", PQntuples(r) == 1 ? PQgetvalue(r, 0, 0) : "");
     PQclear(r);
-    return rc;
+    return 0;
 }
 
 long ces_inspect_retire_skipped(ces_inspect_t *in, const int64_t *ids, size_t n, const char *since,

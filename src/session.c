@@ -93,6 +93,17 @@ int ces_session_exec(ces_session_t *s, const char *sql, ces_pgerr_t *e) {
     return rc;
 }
 
+PGresult *ces_session_query(ces_session_t *s, const char *sql, int nparams,
+                            const char *const *params, ces_pgerr_t *e) {
+    PGresult *r = PQexecParams(s->conn, sql, nparams, NULL, params, NULL, NULL, 0);
+    ExecStatusType st = PQresultStatus(r);
+    if (st == PGRES_TUPLES_OK || st == PGRES_COMMAND_OK)
+        return r;
+    ces_pgerr_from_result(e, s->conn, r, -1);
+    PQclear(r);
+    return NULL;
+}
+
 /* IF NOT EXISTS does not stop two sessions from both trying, and the loser gets a unique violation
  * or "already exists". That is success: the caller reads the catalog next and finds what the
  * winner made. */

@@ -100,6 +100,12 @@ int ces_session_exec(ces_session_t *session, const char *sql, ces_pgerr_t *e)
  * (ces_pgerr_is_ddl_race) counts as success, and e is cleared. */
 int ces_session_exec_ddl(ces_session_t *session, const char *sql, ces_pgerr_t *e)
     __attribute__((warn_unused_result));
+/* Runs sql with nparams text parameters. Returns its result when it holds rows or a command's
+ * status (the caller's, to PQclear); otherwise NULL, with the error (PostgreSQL's or the
+ * connection's) in e. */
+PGresult *ces_session_query(ces_session_t *session, const char *sql, int nparams,
+                            const char *const *params, ces_pgerr_t *e)
+    __attribute__((warn_unused_result));
 
 /* name quoted as an SQL identifier by libpq (which needs a connection object, open or not).
  * Returns a malloc'd string owned by the caller, or NULL when out of memory or before the first
