@@ -292,7 +292,7 @@ typedef struct {
     part_status_t *parts;
     size_t nparts, cap;
     bool progress_found;
-    char *last_commit_lsn, *last_commit_time, *progress_updated_at;
+    char *last_commit_lsn, *last_commit_time;
     int64_t window_ms;
     double since_update_s;
     ces_dead_letter_count_t *dls; /* strings owned (copied) */
@@ -346,7 +346,6 @@ static void status_progress(void *arg, const ces_progress_row_t *row) {
     s->since_update_s = row->seconds_since_update;
     s->last_commit_lsn = dup_or_null(s, row->last_commit_lsn);
     s->last_commit_time = dup_or_null(s, row->last_commit_time);
-    s->progress_updated_at = dup_or_null(s, row->updated_at);
 }
 
 static void status_dead_letters(void *arg, const ces_dead_letter_count_t *row) {
@@ -396,7 +395,6 @@ static void status_free(status_t *s) {
     free(s->gaps);
     free(s->last_commit_lsn);
     free(s->last_commit_time);
-    free(s->progress_updated_at);
 }
 
 static int64_t lag_of(const part_status_t *p) {

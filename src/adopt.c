@@ -78,8 +78,7 @@ long ces_adopt_each_table(ces_adopt_t *a, const char *schema,
                           void (*fn)(void *arg, const ces_adopt_table_t *table), void *arg,
                           char *errstr, size_t errstr_size) {
     static const char sql[] =
-        "SELECT n.nspname, c.relname, EXISTS (SELECT 1 FROM pg_catalog.pg_index i"
-        "                                     WHERE i.indrelid = c.oid AND i.indisprimary)"
+        "SELECT n.nspname, c.relname"
         "  FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace"
         " WHERE c.relkind IN ('r', 'p') AND NOT c.relispartition"
         "   AND n.nspname <> ALL (ARRAY['information_schema', $2])"
@@ -92,8 +91,7 @@ long ces_adopt_each_table(ces_adopt_t *a, const char *schema,
         return -1;
     long n = PQntuples(r);
     for (long i = 0; i < n; i++) {
-        ces_adopt_table_t t = {PQgetvalue(r, (int)i, 0), PQgetvalue(r, (int)i, 1),
-                               strcmp(PQgetvalue(r, (int)i, 2), "t") == 0};
+        ces_adopt_table_t t = {PQgetvalue(r, (int)i, 0), PQgetvalue(r, (int)i, 1)};
         fn(arg, &t);
     }
     PQclear(r);

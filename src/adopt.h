@@ -50,7 +50,6 @@ void ces_adopt_close(ces_adopt_t *adopt);
 typedef struct {
     const char *schema;
     const char *table;
-    bool has_primary_key;
 } ces_adopt_table_t;
 
 /* Calls fn for every ordinary or partitioned table (not a partition) of schema, or when schema is

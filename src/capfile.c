@@ -46,7 +46,7 @@ static const char *const union_branches[] = {"long", "double", "string", "bytes"
 #define UNION_PLAIN 4 /* branches without "null" */
 
 /* Fields of EventData by index, in schema order. */
-enum { F_SEQUENCE = 0, F_ENQUEUED = 2, F_SYSTEM_PROPERTIES = 3, F_PROPERTIES = 4, F_BODY = 5 };
+enum { F_SEQUENCE = 0, F_BODY = 5 };
 
 /* Classes: the header, a block head, then EventData with (bit 0) SystemProperties' and (bit 1)
  * Properties' union ending in "null". */
@@ -548,20 +548,13 @@ typedef struct {
  * allocator, so that it outlives the guard window). */
 static ces_capfile_status_t take_record(avro_value_t *event, ces_capfile_record_t *record) {
     avro_value_t field, branch;
-    const char *text;
     const void *body = NULL;
     size_t size = 0;
     if (avro_value_get_by_index(event, F_SEQUENCE, &field, NULL) != 0 ||
         avro_value_get_long(&field, &record->sequence) != 0 ||
-        avro_value_get_by_index(event, F_ENQUEUED, &field, NULL) != 0 ||
-        avro_value_get_string(&field, &text, &size) != 0 ||
         avro_value_get_by_index(event, F_BODY, &field, NULL) != 0 ||
         avro_value_get_current_branch(&field, &branch) != 0)
         return CES_CAPFILE_NOMEM;
-    snprintf(record->enqueued, sizeof(record->enqueued), "%.*s",
-             (int)(size > 0 && size - 1 < sizeof(record->enqueued) ? size - 1
-                                                                    : sizeof(record->enqueued) - 1),
-             text);
     record->body_null = avro_value_get_type(&branch) == AVRO_NULL;
     if (!record->body_null && avro_value_get_bytes(&branch, &body, &size) != 0)
         return CES_CAPFILE_NOMEM;

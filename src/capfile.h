@@ -62,7 +62,6 @@ typedef struct {
     bool body_null;     /* Body was null (then body_len is 0) */
     unsigned char *body; /* a malloc'd copy of Body (at least one byte allocated): the caller's */
     size_t body_len;
-    char enqueued[64];  /* EnqueuedTimeUtc as written (cut to fit), for messages */
 } ces_capfile_record_t;
 
 /*

@@ -40,7 +40,7 @@ typedef struct {
     uint64_t size;
     int64_t window; /* the time in its path */
     int64_t first;  /* its first sequence number, once probed */
-    bool probed, done;
+    bool done;
     bool warned; /* about a record out of order */
     ces_capfile_t *open; /* while the merge reads it */
     ces_capfile_record_t head; /* its next record, while open */
@@ -57,9 +57,8 @@ typedef struct {
     size_t next_file; /* the first file not opened yet */
     cfile_t **open;   /* the files being merged */
     size_t nopen;
-    bool handed;      /* a record went to the pipeline */
     bool probed, exhausted, eof_sent, paused;
-    bool has_high;
+    bool has_high;           /* a record went to the pipeline (the first always goes in order) */
     int64_t high;            /* the highest sequence number handed over in order */
     const char *high_path;   /* ... and its file */
     cfile_t *ready;          /* the file whose head goes next; NULL: not known yet */
@@ -536,7 +535,6 @@ static void part_take(ces_capture_t *c, part_t *p, ces_record_t *rec) {
     f->prev = seq;
     f->has_prev = true;
     p->ready = NULL;
-    p->handed = true;
     c->stats.records++;
     file_advance(c, p, f);
 }
@@ -609,7 +607,7 @@ static part_t *ended_partition(ces_capture_t *c) {
         part_t *p = c->parts[i];
         if (p->exhausted && !p->eof_sent) {
             p->eof_sent = true;
-            if (p->handed)
+            if (p->has_high)
                 return p;
         }
     }

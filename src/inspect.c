@@ -230,7 +230,7 @@ static int status_positions(ces_inspect_t *in, const ces_inspect_status_fns_t *f
     PQclear(r);
     params[0] = in->group_id;
     r = query(in,
-              "SELECT last_commit_lsn, last_commit_time, reorder_window_ms, updated_at,"
+              "SELECT last_commit_lsn, last_commit_time, reorder_window_ms,"
               " extract(epoch FROM now() - updated_at) FROM ",
               ".progress WHERE group_id = $1", 1, params, errstr, errstr_size);
     if (r == NULL)
@@ -241,8 +241,7 @@ static int status_positions(ces_inspect_t *in, const ces_inspect_status_fns_t *f
         pr.last_commit_time = text_or_null(r, 0, 1);
         if (!PQgetisnull(r, 0, 2))
             pr.reorder_window_ms = strtoll(PQgetvalue(r, 0, 2), NULL, 10);
-        pr.updated_at = PQgetvalue(r, 0, 3);
-        pr.seconds_since_update = strtod(PQgetvalue(r, 0, 4), NULL);
+        pr.seconds_since_update = strtod(PQgetvalue(r, 0, 3), NULL);
     }
     if (fns->progress != NULL)
         fns->progress(fns->arg, &pr);

@@ -85,7 +85,6 @@ typedef struct {
     const char *last_commit_lsn;
     const char *last_commit_time;
     int64_t reorder_window_ms; /* -1: unknown (partition mode) */
-    const char *updated_at;
     double seconds_since_update; /* how long ago the last batch committed */
 } ces_progress_row_t;
 
