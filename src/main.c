@@ -771,47 +771,51 @@ static int64_t parse_id(const char *text) {
 /* dead-letters retry: the ids given, else every dead letter (of --class). */
 static int retry_dead_letters(const ces_config_t *config, ces_inspect_t *inspect,
                               const command_options_t *o, char **operands, int noperands) {
-    char err[1024];
+    char err[1024] = ""; /* a failure to report (the pipeline's own are logged) */
     int64_t *ids = NULL;
+    ces_retry_feed_t *retry = NULL;
+    int rc = 1;
     long n = noperands;
     if (noperands > 0) {
-        if ((ids = calloc((size_t)noperands, sizeof(*ids))) == NULL)
-            return 1;
-        for (int i = 0; i < noperands; i++)
+        if ((ids = calloc((size_t)noperands, sizeof(*ids))) == NULL) {
+            snprintf(err, sizeof(err), "out of memory");
+            goto done;
+        }
+        for (int i = 0; i < noperands; i++) {
             if ((ids[i] = parse_id(operands[i])) < 0) {
-                free(ids);
-                return EXIT_USAGE;
+                rc = EXIT_USAGE;
+                goto done;
             }
+        }
     } else if ((n = ces_inspect_dead_letter_ids(inspect, o->class, &ids, err, sizeof(err))) < 0) {
-        fprintf(stderr, "ces2pg: dead-letters retry: %s\n", err);
-        return 1;
+        goto done;
     }
     char since[64];
-    if (ces_inspect_now(inspect, since, sizeof(since), err, sizeof(err)) != 0) {
-        fprintf(stderr, "ces2pg: dead-letters retry: %s\n", err);
-        free(ids);
-        return 1;
+    if (ces_inspect_now(inspect, since, sizeof(since), err, sizeof(err)) != 0)
+        goto done;
+    if ((retry = ces_retry_feed_new(inspect, ids, (size_t)n)) == NULL) {
+        snprintf(err, sizeof(err), "out of memory");
+        goto done;
     }
-    ces_retry_feed_t *retry = ces_retry_feed_new(inspect, ids, (size_t)n);
-    int rc = 1;
-    if (retry != NULL) {
-        ces_feed_t feed;
-        ces_retry_feed(retry, &feed);
-        rc = run_feed(config, &feed, true, "retry");
-    }
+    ces_feed_t feed;
+    ces_retry_feed(retry, &feed);
+    rc = run_feed(config, &feed, true, "retry");
     size_t nhanded = 0;
-    const int64_t *handed = retry != NULL ? ces_retry_feed_handed(retry, &nhanded) : NULL;
+    const int64_t *handed = ces_retry_feed_handed(retry, &nhanded);
     if (rc == 0 && nhanded > 0) {
         /* Only after a run to the end: before it, a record not yet applied is not skipped. */
         long skipped =
             ces_inspect_retire_skipped(inspect, handed, nhanded, since, err, sizeof(err));
-        if (skipped < 0) {
-            fprintf(stderr, "ces2pg: dead-letters retry: %s\n", err);
+        if (skipped < 0)
             rc = 1;
-        } else if (skipped > 0) {
+        else if (skipped > 0)
             printf("retry: removed %ld that the pipeline skipped (duplicates of records "
                    "applied, or events of excluded tables)\n", skipped);
-        }
+    }
+done:
+    if (err[0] != '\0') {
+        fprintf(stderr, "ces2pg: dead-letters retry: %s\n", err);
+        rc = 1;
     }
     ces_retry_feed_destroy(retry);
     free(ids);
