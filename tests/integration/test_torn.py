@@ -56,6 +56,8 @@ def test_adaptive_window_stops_tearing(tmp_path, db, broker, ces2pg):
     # the stream; none after that, over thousands of complete reads.
     bad = reader.bad_since(started)
     first = min(bad) if bad else started
+    # ... which is where the first silences longer than the start window come.
+    assert first < started + 10, f"the first partial total {first - started:.1f} s in"
     assert all(t < first + 5 for t in bad), \
         f"partial totals from {first - started:.1f} s to {max(bad) - started:.1f} s"
     assert len(reader.complete_since(first + 5)) >= 2000, len(reader.reads)

@@ -592,6 +592,7 @@ static void fixed_window_flags_late_events(void **state) {
     ces_release_partition_eof(p, "ces", 1, 2);
     tick(p, 2 * WINDOW + 400);
     assert_int_equal(ces_pipeline_batch_events(p), 1);
+    assert_true(ces_pipeline_batch_item(p, 0)->late);
     assert_true(ces_pipeline_batch_item(p, 0)->torn);
     assert_int_equal(window_now(p), WINDOW);
     ces_pipeline_destroy(p);
