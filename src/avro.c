@@ -60,7 +60,7 @@ const char ces_avro_data_schema[] =
 
 /* The object container header and data block, as the Avro specification defines them. A block is
  * "long count, long size, size bytes, 16-byte sync": exactly a record {long, bytes, fixed(16)}. */
-static const char header_schema_json[] =
+const char ces_avro_container_header_schema[] =
     "{\"type\":\"record\",\"name\":\"Header\",\"namespace\":\"org.apache.avro.file\",\"fields\":["
     "{\"name\":\"magic\",\"type\":{\"type\":\"fixed\",\"name\":\"Magic\",\"size\":4}},"
     "{\"name\":\"meta\",\"type\":{\"type\":\"map\",\"values\":\"bytes\"}},"
@@ -212,8 +212,8 @@ struct ces_avro_s {
     ces_json_limits_t json_limits;
 };
 
-static int make_class(const char *json, size_t len, avro_schema_t *schema,
-                      avro_value_iface_t **iface) {
+int ces_avro_make_class(const char *json, size_t len, avro_schema_t *schema,
+                        avro_value_iface_t **iface) {
     if (avro_schema_from_json_length(json, len, schema) != 0)
         return -1;
     *iface = avro_generic_class_from_schema(*schema);
@@ -230,14 +230,16 @@ ces_avro_t *ces_avro_new(const ces_json_limits_t *json_limits, char *errstr, siz
     a->json_limits = *json_limits;
     a->json = ces_json_parser_new();
     if (a->json == NULL ||
-        make_class(ces_avro_change_event_schema, sizeof(ces_avro_change_event_schema) - 1,
-                   &a->event_schema, &a->event_class) != 0 ||
-        make_class(ces_avro_data_schema, sizeof(ces_avro_data_schema) - 1, &a->data_schema,
-                   &a->data_class) != 0 ||
-        make_class(header_schema_json, sizeof(header_schema_json) - 1, &a->header_schema,
-                   &a->header_class) != 0 ||
-        make_class(block_schema_json, sizeof(block_schema_json) - 1, &a->block_schema,
-                   &a->block_class) != 0) {
+        ces_avro_make_class(ces_avro_change_event_schema,
+                            sizeof(ces_avro_change_event_schema) - 1, &a->event_schema,
+                            &a->event_class) != 0 ||
+        ces_avro_make_class(ces_avro_data_schema, sizeof(ces_avro_data_schema) - 1,
+                            &a->data_schema, &a->data_class) != 0 ||
+        ces_avro_make_class(ces_avro_container_header_schema,
+                            sizeof(ces_avro_container_header_schema) - 1, &a->header_schema,
+                            &a->header_class) != 0 ||
+        ces_avro_make_class(block_schema_json, sizeof(block_schema_json) - 1, &a->block_schema,
+                            &a->block_class) != 0) {
         snprintf(errstr, errstr_size, "cannot set up the Avro schemas: %s",
                  a->json == NULL ? "out of memory" : avro_strerror());
         ces_avro_destroy(a);

@@ -92,5 +92,12 @@ size_t ces_avro_swept_blocks(void);
 /* The two Avro schemas ces2pg reads, as JSON text (documentation, tests, tools). */
 extern const char ces_avro_change_event_schema[];
 extern const char ces_avro_data_schema[];
+/* The object container file's header, as the Avro specification defines it (JSON text). */
+extern const char ces_avro_container_header_schema[];
+
+/* Compiles the schema json (len bytes) and its generic class, both the caller's to release
+ * (avro_schema_decref, avro_value_iface_decref). Returns 0, or -1 (avro_strerror says why). */
+int ces_avro_make_class(const char *json, size_t len, avro_schema_t *schema,
+                        avro_value_iface_t **iface);
 
 #endif

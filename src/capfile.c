@@ -22,12 +22,7 @@
 /* The buffer of a file's bytes starts this large and grows to a block's size when one needs it. */
 #define FIRST_BUFFER (64u << 10)
 
-/* The container header and a block's two counts, as the Avro specification defines them. */
-static const char header_schema_json[] =
-    "{\"type\":\"record\",\"name\":\"Header\",\"namespace\":\"org.apache.avro.file\",\"fields\":["
-    "{\"name\":\"magic\",\"type\":{\"type\":\"fixed\",\"name\":\"Magic\",\"size\":4}},"
-    "{\"name\":\"meta\",\"type\":{\"type\":\"map\",\"values\":\"bytes\"}},"
-    "{\"name\":\"sync\",\"type\":{\"type\":\"fixed\",\"name\":\"Sync\",\"size\":16}}]}";
+/* A block's two counts, as the Avro specification defines them (the header: avro.h). */
 static const char block_head_schema_json[] =
     "{\"type\":\"record\",\"name\":\"BlockHead\",\"namespace\":\"org.apache.avro.file\","
     "\"fields\":[{\"name\":\"count\",\"type\":\"long\"},{\"name\":\"size\",\"type\":\"long\"}]}";
@@ -87,10 +82,7 @@ struct ces_capfile_s {
  */
 
 static int make_class(const char *json, avro_schema_t *schema, avro_value_iface_t **iface) {
-    if (avro_schema_from_json_length(json, strlen(json), schema) != 0)
-        return -1;
-    *iface = avro_generic_class_from_schema(*schema);
-    return *iface == NULL ? -1 : 0;
+    return ces_avro_make_class(json, strlen(json), schema, iface);
 }
 
 /* The union's branches as JSON, with or without "null". */
@@ -106,7 +98,8 @@ ces_capfile_schemas_t *ces_capfile_schemas_new(void) {
     ces_capfile_schemas_t *s = calloc(1, sizeof(*s));
     if (s == NULL)
         return NULL;
-    int rc = make_class(header_schema_json, &s->schema[C_HEADER], &s->iface[C_HEADER]) |
+    int rc = make_class(ces_avro_container_header_schema, &s->schema[C_HEADER],
+                        &s->iface[C_HEADER]) |
              make_class(block_head_schema_json, &s->schema[C_BLOCK_HEAD], &s->iface[C_BLOCK_HEAD]);
     for (int v = 0; v < 4 && rc == 0; v++) {
         char sys[64], props[64], json[sizeof(event_schema_format) + 128];
