@@ -801,15 +801,22 @@ static char *utf8_sanitize(const char *s) {
     return out;
 }
 
+/* Appends the offsets of item's records (when retrying: the ids of its dead letters) to a bigint[]
+ * literal being built, *n of them so far. */
+static void add_source_ids(ces_strbuf_t *ids, const ces_item_t *item, size_t *n) {
+    for (size_t m = 0; m <= item->nmore_sources; m++) {
+        const ces_source_t *src = m == 0 ? &item->source : &item->more_sources[m - 1];
+        ces_strbuf_addf(ids, "%s%lld", (*n)++ ? "," : "", (long long)src->offset);
+    }
+}
+
 /* The ids of the dead letters item was retried from, as a bigint[] literal ("{3,7}"); NULL when
  * out of memory. */
 static char *retried_ids(const ces_item_t *item) {
     ces_strbuf_t ids = {0};
+    size_t n = 0;
     ces_strbuf_add(&ids, "{");
-    for (size_t m = 0; m <= item->nmore_sources; m++) {
-        const ces_source_t *src = m == 0 ? &item->source : &item->more_sources[m - 1];
-        ces_strbuf_addf(&ids, "%s%lld", m ? "," : "", (long long)src->offset);
-    }
+    add_source_ids(&ids, item, &n);
     ces_strbuf_add(&ids, "}");
     if (ids.failed) {
         ces_strbuf_free(&ids);
@@ -872,12 +879,8 @@ static int send_retired(ces_sender_t *s, const ces_batch_t *batch) {
     ces_strbuf_add(&ids, "{");
     for (size_t i = 0; i < batch->count; i++) {
         const ces_item_t *item = &batch->items[i];
-        if (item->kind != CES_ITEM_EVENT)
-            continue;
-        for (size_t m = 0; m <= item->nmore_sources; m++) {
-            const ces_source_t *src = m == 0 ? &item->source : &item->more_sources[m - 1];
-            ces_strbuf_addf(&ids, "%s%lld", n++ ? "," : "", (long long)src->offset);
-        }
+        if (item->kind == CES_ITEM_EVENT)
+            add_source_ids(&ids, item, &n);
     }
     ces_strbuf_add(&ids, "}");
     int rc = -1;
