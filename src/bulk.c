@@ -234,6 +234,10 @@ static int reserve(char **buf, size_t *capacity, size_t need) {
     return 0;
 }
 
+int ces_bulk_reserve_signature(char **buf, size_t *capacity, size_t n) {
+    return reserve(buf, capacity, CES_BULK_SIGNATURE_SIZE(n));
+}
+
 /* The generation a change of the key in values[key_slots] goes to: the one after the key's last
  * change waiting. Sends everything first when that would pass CES_BULK_MAX_GENERATIONS. */
 static ces_bulk_status_t key_generation(ces_bulk_t *b, const ces_catalog_desc_t *t,
@@ -299,7 +303,7 @@ ces_bulk_status_t ces_bulk_add(ces_bulk_t *b, ces_bulk_kind_t kind, ces_item_t *
         return rc;
     if (kind == CES_BULK_UPSERT && generation == 0 && plain_insert)
         kind = CES_BULK_INSERT;
-    if (reserve(&b->sig, &b->sig_capacity, CES_BULK_SIGNATURE_SIZE(n)) != 0)
+    if (ces_bulk_reserve_signature(&b->sig, &b->sig_capacity, n) != 0)
         return CES_BULK_NOMEM;
     size_t sl = ces_bulk_signature(b->sig, b->sig_capacity, kind, t->id, cols, cols ? n : 0);
     size_t nv = n + (guard ? 1 : 0);

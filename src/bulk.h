@@ -49,6 +49,10 @@ typedef enum {
 /* The room ces_bulk_signature needs for a statement on n columns. */
 #define CES_BULK_SIGNATURE_SIZE(n) (16 + (size_t)(n) * 12)
 
+/* Grows *buf (of *capacity bytes, the caller's, realloc'd) to hold a signature on n columns.
+ * Returns 0, or -1 when out of memory (*buf unchanged). */
+int ces_bulk_reserve_signature(char **buf, size_t *capacity, size_t n);
+
 /* Writes the signature that names a statement (its kind, table and column list) into buf, which
  * must hold CES_BULK_SIGNATURE_SIZE(n) bytes, and returns its length (not NUL-terminated). Equal
  * signatures mean equal statement text. */

@@ -539,20 +539,6 @@ static int reserve_scratch(ces_sender_t *s, size_t n) {
     return 0;
 }
 
-static int reserve_sig(ces_sender_t *s, size_t n) {
-    size_t sig_size = CES_BULK_SIGNATURE_SIZE(n);
-    if (sig_size <= s->sig_capacity)
-        return 0;
-    char *sig = realloc(s->sig, sig_size * 2);
-    if (sig == NULL) {
-        out_of_memory(s);
-        return -1;
-    }
-    s->sig = sig;
-    s->sig_capacity = sig_size * 2;
-    return 0;
-}
-
 /* Converts a value for its column into parameter slot; NULL values stay NULL. Returns -1 when out
  * of memory. */
 static int param_value(ces_sender_t *s, ces_item_t *item, const ces_catalog_desc_t *t, long col,
@@ -607,8 +593,10 @@ static int add_version_param(ces_sender_t *s, const ces_catalog_desc_t *t, const
  * delete). */
 static int send_row(ces_sender_t *s, long idx, const ces_event_t *ev, ces_bulk_kind_t kind,
                     const ces_catalog_desc_t *t, const long *cols, size_t n) {
-    if (reserve_sig(s, n) != 0)
+    if (ces_bulk_reserve_signature(&s->sig, &s->sig_capacity, n) != 0) {
+        out_of_memory(s);
         return -1;
+    }
     size_t sl = ces_bulk_signature(s->sig, s->sig_capacity, kind, t->id, cols, cols ? n : 0);
     stmt_t *st = get_statement(s, s->sig, sl, idx, kind, t, cols, n);
     if (st == NULL)
