@@ -1106,15 +1106,7 @@ class Chaos:
         self.start_daemon()
 
     def fault_pg_crash(self, fault):
-        pg = self.pg
-        r = pg._run([str(harness.PG_BINDIR / "pg_ctl"), "stop", "-m", "immediate",
-                     "-w", "-D", str(pg.pgdata)], timeout=60)
-        assert r.returncode == 0, f"pg_ctl stop -m immediate: {r.stdout}{r.stderr}"
-        time.sleep(fault.params["down_s"])
-        r = pg._run([str(harness.PG_BINDIR / "pg_ctl"), "start", "-w", "-t", "60",
-                     "-D", str(pg.pgdata), "-l", str(pg.log_path), "-o",
-                     f"-p {pg.port}"], timeout=90)
-        assert r.returncode == 0, f"pg_ctl start after the crash: {r.stdout}{r.stderr}"
+        self.pg.restart(fault.params["down_s"], mode="immediate")
 
     def fault_broker_down(self, fault):
         self.target.broker_down(fault)

@@ -82,16 +82,6 @@ def _set_wal_writer_delay(pg, value):
     pg.sql("SELECT pg_reload_conf()")
 
 
-def _crash_and_restart(pg):
-    r = pg._run([str(harness.PG_BINDIR / "pg_ctl"), "stop", "-m", "immediate",
-                 "-w", "-D", str(pg.pgdata)], timeout=60)
-    assert r.returncode == 0, r.stdout + r.stderr
-    r = pg._run([str(harness.PG_BINDIR / "pg_ctl"), "start", "-w", "-t", "60", "-D",
-                 str(pg.pgdata), "-l", str(pg.log_path), "-o", f"-p {pg.port}"],
-                timeout=90)
-    assert r.returncode == 0, r.stdout + r.stderr
-
-
 def test_commits_lost_by_postgresql_are_applied_again(tmp_path, pg, db, broker,
                                                       ces2pg):
     """ces2pg's sessions commit asynchronously (synchronous_commit = off) and
@@ -127,7 +117,7 @@ def test_commits_lost_by_postgresql_are_applied_again(tmp_path, pg, db, broker,
             mb.produce(TOPIC, records[sent:sent + chunk], partition=0)
             sent += chunk
             harness.wait_applied(db, GROUP, {0: sent}, timeout=60, daemons=[daemon])
-            _crash_and_restart(pg)
+            pg.restart(mode="immediate")
             (stored,) = harness.wait_until(lambda: _stored_offset(db), 30,
                                            message="PostgreSQL back after the crash")
             if stored < sent:

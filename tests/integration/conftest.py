@@ -277,21 +277,28 @@ class Postgres:
                 break
         raise RuntimeError(f"pg_ctl start failed:\n{last}")
 
-    def stop(self):
+    def stop(self, mode="fast"):
+        """pg_ctl stop: "fast" cuts the sessions; "immediate" is a crash (no checkpoint, what
+        was not written to the WAL is lost)."""
         if self.started:
-            self._run(
-                [str(PG_BINDIR / "pg_ctl"), "stop", "-w", "-m", "fast", "-D",
+            r = self._run(
+                [str(PG_BINDIR / "pg_ctl"), "stop", "-w", "-m", mode, "-D",
                  str(self.pgdata)],
                 timeout=60,
             )
+            assert r.returncode == 0, f"pg_ctl stop -m {mode}: {r.stdout}{r.stderr}"
             self.started = False
 
-    def restart(self, down_seconds=0.0):
-        """Stops the server (fast: sessions are cut), optionally stays down for a while, and starts
+    def restart(self, down_seconds=0.0, mode="fast"):
+        """Stops the server (mode as for stop), optionally stays down for a while, and starts
         it again on the same port."""
-        self.stop()
+        self.stop(mode)
         if down_seconds:
             time.sleep(down_seconds)  # the outage itself is what is tested, not a wait
+        self.start_again()
+
+    def start_again(self):
+        """Starts the stopped server on its old port."""
         r = self._run(
             [str(PG_BINDIR / "pg_ctl"), "start", "-w", "-t", "60", "-D",
              str(self.pgdata), "-l", str(self.log_path), "-o", f"-p {self.port}"],

@@ -20,7 +20,6 @@ import pytest
 
 from conftest import (
     CES2PG,
-    PG_BINDIR,
     ROOT,
     PacedProducer,
     Postgres,
@@ -61,16 +60,6 @@ def record_facts(record):
 
 
 OPS = {"INS": "insert", "UPD": "update", "DEL": "delete"}
-
-
-def pg_start_again(server):
-    """Starts a stopped session server on its old port (like restart())."""
-    r = server._run(
-        [str(PG_BINDIR / "pg_ctl"), "start", "-w", "-t", "60", "-D",
-         str(server.pgdata), "-l", str(server.log_path), "-o", f"-p {server.port}"],
-        timeout=90)
-    assert r.returncode == 0, r.stdout + r.stderr
-    server.started = True
 
 
 # --------------------------------------------------------------------------
@@ -178,7 +167,7 @@ def test_readyz_follows_postgres(tmp_path, pg, db, broker, ces2pg):
         # Still alive: the loop turns while PostgreSQL is away.
         assert http_get(f"http://127.0.0.1:{port}/healthz")[0] == 200
     finally:
-        pg_start_again(pg)
+        pg.start_again()
     wait_until(lambda: http_get(ready)[0] == 200, 30,
                message="/readyz 200 once PostgreSQL is back")
     # And it applies again.
