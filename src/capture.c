@@ -3,6 +3,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <inttypes.h>
+#include <limits.h>
 #include <regex.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -687,6 +688,8 @@ ces_capture_t *ces_capture_new(char *const *paths, size_t npaths,
         return NULL;
     }
     size_t block = 4 * o->max_record_bytes;
+    if (block > UINT_MAX) /* zlib counts a block's bytes in an unsigned int */
+        block = UINT_MAX;
     c->limits = (ces_capfile_limits_t){
         .max_block_bytes = block > MIN_BLOCK_BYTES ? block : MIN_BLOCK_BYTES,
         .max_map_items = MAX_MAP_ITEMS};

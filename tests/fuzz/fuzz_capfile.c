@@ -54,6 +54,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     ces_capfile_status_t st;
     ces_capfile_t *f = ces_capfile_open_stream(schemas, stream, "fuzz", &limits, &st, why,
                                                sizeof(why));
+    if (f != NULL)
+        why[0] = '\0'; /* a header read twice may leave its first attempt's reason behind */
     ces_capfile_record_t r;
     while (f != NULL && (st = ces_capfile_next(f, &r, why, sizeof(why))) == CES_CAPFILE_RECORD) {
         if (r.body == NULL || r.body_len > limits.max_block_bytes)
