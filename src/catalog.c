@@ -27,6 +27,10 @@ struct ces_catalog_table_s {
     bool warned_no_old_image;
     bool warned_no_pk;
     ces_map_t *type_checks; /* "column\x1ftype" -> verdict; 'L' + hash of a column list -> 1 */
+    /* The last event shape that passed every check against this description (see shape_matches);
+     * emptied whenever the description is read again. */
+    char *shape;
+    size_t shape_len, shape_cap;
     char reject_reason[300];
     /* Inserts of new keys go as plain INSERTs from attempt number upsert_until on;
      * insert_conflicts counts the times one found its key taken. */
@@ -227,6 +231,7 @@ static void table_free(void *value, void *arg) {
     free(t->desc.qualified);
     ces_map_destroy(t->by_source);
     ces_map_destroy(t->type_checks);
+    free(t->shape);
     free(t->pg_schema);
     free(t->pg_table);
     free(t);
@@ -353,6 +358,7 @@ static int table_load(const ces_catalog_t *cat, ces_session_t *session, ces_cata
     d->version_col = -1;
     ces_map_clear(t->by_source, NULL, NULL);
     ces_map_clear(t->type_checks, NULL, NULL);
+    t->shape_len = 0;
     int rows = PQntuples(r);
     free(d->pk);
     d->pk = calloc((size_t)rows + 1, sizeof(size_t));
@@ -585,10 +591,11 @@ static uintptr_t column_verdict(ces_catalog_t *cat, ces_catalog_table_t *t, cons
 /*
  * A source column whose type no longer fits its target column (say int became nvarchar) is a type
  * conflict: columns are never retyped, so the event is dead-lettered. Verdicts are cached per
- * (column, type) and per column list.
+ * (column, type) and per column list. *unchecked: memory ran out before every column was judged.
  */
 static bool type_conflict(ces_catalog_t *cat, ces_catalog_table_t *t, const ces_event_t *ev,
-                          ces_reject_t *reject) {
+                          ces_reject_t *reject, bool *unchecked) {
+    *unchecked = false;
     uint64_t h = column_list_hash(ev);
     char list_key[1 + sizeof(h)] = {'L'};
     memcpy(list_key + 1, &h, sizeof(h));
@@ -597,8 +604,10 @@ static bool type_conflict(ces_catalog_t *cat, ces_catalog_table_t *t, const ces_
     for (size_t i = 0; i < ev->ncols; i++) {
         const ces_column_t *c = &ev->cols[i];
         uintptr_t verdict = column_verdict(cat, t, c);
-        if (verdict == 0)
-            return false; /* out of memory: check again next time */
+        if (verdict == 0) {
+            *unchecked = true; /* out of memory: check again next time */
+            return false;
+        }
         if (verdict == TYPE_CONFLICT) {
             snprintf(t->reject_reason, sizeof(t->reject_reason),
                      "type conflict: source column '%.128s' is %.40s, which its target column "
@@ -608,8 +617,8 @@ static bool type_conflict(ces_catalog_t *cat, ces_catalog_table_t *t, const ces_
             return true;
         }
     }
-    ces_map_put(t->type_checks, list_key, sizeof(list_key), (void *)TYPE_FITS); /* no memory: ask
-                                                                                  * again */
+    if (ces_map_put(t->type_checks, list_key, sizeof(list_key), (void *)TYPE_FITS) != 0)
+        *unchecked = true; /* no memory: ask again */
     return false;
 }
 
@@ -746,6 +755,91 @@ static int table_add_missing(const ces_catalog_t *cat, ces_session_t *session,
     return rc < 0 || reject->reason != NULL ? -1 : 0;
 }
 
+/*
+ * An event's shape: the counts of its column list and images, then every column name and type and
+ * every image field name, each with its NUL. Events of a table nearly always repeat one shape, so
+ * the table keeps the last shape that passed every check, and an event of exactly that shape (a
+ * byte-for-byte comparison, so no collision can let an unchecked shape through) needs no name
+ * lookups and no type checks: they would give the same answers against the same description.
+ */
+static bool shape_text_matches(const char **cursor, const char *end, const char *s) {
+    const char *c = *cursor;
+    for (;; c++, s++) {
+        if (c == end || *c != *s)
+            return false;
+        if (*s == '\0')
+            break;
+    }
+    *cursor = c + 1;
+    return true;
+}
+
+static bool shape_fields_match(const char **cursor, const char *end, const ces_field_t *f,
+                               size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        if (!shape_text_matches(cursor, end, f[i].name))
+            return false;
+    }
+    return true;
+}
+
+static bool shape_matches(const ces_catalog_table_t *t, const ces_event_t *ev) {
+    const size_t counts[4] = {ev->ncols, ev->npkkey, ev->ncurrent, ev->nold};
+    if (t->shape_len < sizeof(counts) || memcmp(t->shape, counts, sizeof(counts)) != 0)
+        return false;
+    const char *cursor = t->shape + sizeof(counts), *end = t->shape + t->shape_len;
+    for (size_t i = 0; i < ev->ncols; i++) {
+        if (!shape_text_matches(&cursor, end, ev->cols[i].name) ||
+            !shape_text_matches(&cursor, end, ev->cols[i].type))
+            return false;
+    }
+    return shape_fields_match(&cursor, end, ev->pkkey, ev->npkkey) &&
+           shape_fields_match(&cursor, end, ev->current, ev->ncurrent) &&
+           shape_fields_match(&cursor, end, ev->old, ev->nold) && cursor == end;
+}
+
+/* Appends n bytes to the shape being written; false when out of memory. */
+static bool shape_put(ces_catalog_table_t *t, const void *bytes, size_t n) {
+    if (t->shape_cap - t->shape_len < n) {
+        size_t cap = t->shape_cap ? t->shape_cap : 256;
+        while (cap - t->shape_len < n)
+            cap *= 2;
+        char *bigger = realloc(t->shape, cap);
+        if (bigger == NULL)
+            return false;
+        t->shape = bigger;
+        t->shape_cap = cap;
+    }
+    memcpy(t->shape + t->shape_len, bytes, n);
+    t->shape_len += n;
+    return true;
+}
+
+static bool shape_put_text(ces_catalog_table_t *t, const char *s) {
+    return shape_put(t, s, strlen(s) + 1);
+}
+
+static bool shape_put_fields(ces_catalog_table_t *t, const ces_field_t *f, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        if (!shape_put_text(t, f[i].name))
+            return false;
+    }
+    return true;
+}
+
+/* Keeps ev's shape as the one that passed (out of memory: none is kept, which only costs time). */
+static void shape_remember(ces_catalog_table_t *t, const ces_event_t *ev) {
+    const size_t counts[4] = {ev->ncols, ev->npkkey, ev->ncurrent, ev->nold};
+    t->shape_len = 0;
+    bool ok = shape_put(t, counts, sizeof(counts));
+    for (size_t i = 0; ok && i < ev->ncols; i++)
+        ok = shape_put_text(t, ev->cols[i].name) && shape_put_text(t, ev->cols[i].type);
+    ok = ok && shape_put_fields(t, ev->pkkey, ev->npkkey) &&
+         shape_put_fields(t, ev->current, ev->ncurrent) && shape_put_fields(t, ev->old, ev->nold);
+    if (!ok)
+        t->shape_len = 0;
+}
+
 ces_catalog_table_t *ces_catalog_ensure(ces_catalog_t *cat, ces_session_t *session,
                                         const char *version_quoted, const ces_event_t *ev,
                                         ces_reject_t *reject, ces_pgerr_t *e) {
@@ -755,6 +849,8 @@ ces_catalog_table_t *ces_catalog_ensure(ces_catalog_t *cat, ces_session_t *sessi
     size_t klen = ces_map_key(key, sizeof(key), '\x1f', parts, 3);
     ces_catalog_table_t *t = ces_map_get(cat->tables, key, klen);
     bool fresh = false;
+    if (t != NULL && t->loaded && shape_matches(t, ev))
+        return t;
     if (t == NULL) {
         t = table_new(cat, session, ev);
         if (t == NULL || ces_map_put(cat->tables, key, klen, t) != 0) {
@@ -776,5 +872,10 @@ ces_catalog_table_t *ces_catalog_ensure(ces_catalog_t *cat, ces_session_t *sessi
     if (!all_columns_known(t, ev) &&
         table_add_missing(cat, session, t, ev, fresh, reject, e) != 0)
         return NULL;
-    return type_conflict(cat, t, ev, reject) ? NULL : t;
+    bool unchecked;
+    if (type_conflict(cat, t, ev, reject, &unchecked))
+        return NULL;
+    if (!unchecked)
+        shape_remember(t, ev);
+    return t;
 }
