@@ -2,8 +2,8 @@
  * intake: records in, events and dead letters out (pipeline.h names the room's other files).
  *
  * A record is staged, decoded (by the team of decoding threads when there is one: staging lets the
- * helpers decode one stage while this thread takes in the one before), and taken in on the loop's
- * thread, in order: a whole event goes to the orderer (transaction mode) or into the batch
+ * helpers decode up to STAGE_DEPTH - 1 stages ahead while this thread reads, takes in and sends),
+ * and taken in on the loop's thread, in order: a whole event goes to the orderer (transaction mode) or into the batch
  * (partition mode), a segment to the reassembler, anything that cannot be decoded into the batch as
  * a dead letter with the record's bytes. Events of tables left out by schema.include/exclude are
  * counted and dropped here.
@@ -32,20 +32,26 @@ static void unstage(ces_pipeline_t *p, stage_t *stage, size_t from) {
 
 static void prepare(void *worker, void *job, size_t item);
 
-/* The stage the team decodes, complete (this thread doing what is left), or NULL. */
+/* The oldest stage the team decodes (there must be one). */
+static stage_t *oldest_decoding(ces_pipeline_t *p) {
+    return &p->stages[(p->fill_index + STAGE_DEPTH - p->ndecoding) % STAGE_DEPTH];
+}
+
+/* The oldest stage the team decodes, complete (this thread doing what is left), or NULL. */
 static stage_t *finish_decoding(ces_pipeline_t *p) {
-    stage_t *stage = p->decoding;
-    if (stage != NULL)
-        ces_team_finish(p->team, prepare, stage, p->decoder, stage->count);
-    p->decoding = NULL;
+    if (p->ndecoding == 0)
+        return NULL;
+    stage_t *stage = oldest_decoding(p);
+    ces_team_finish(p->team, prepare, stage, p->decoder, stage->count);
+    p->ndecoding--;
     return stage;
 }
 
 /* Records read but not taken in are dropped: after a seek back, or a failure, they are read
  * again. */
 void ces_intake_drop(ces_pipeline_t *p) {
-    stage_t *decoded = finish_decoding(p);
-    if (decoded != NULL)
+    stage_t *decoded;
+    while ((decoded = finish_decoding(p)) != NULL)
         unstage(p, decoded, 0);
     unstage(p, p->filling, 0);
 }
@@ -314,7 +320,7 @@ static int add_whole_event(ces_pipeline_t *p, const ces_source_t *source, staged
         return -1;
     }
     ces_arena_reset(arena);
-    if (p->nspares < STAGE_RECORDS)
+    if (p->nspares < sizeof(p->spares) / sizeof(p->spares[0]))
         p->spares[p->nspares++] = arena;
     else
         ces_arena_destroy(arena);
@@ -428,9 +434,10 @@ size_t ces_intake_room(const ces_pipeline_t *p) {
         return room;
     size_t limits = p->flying ? 2 : 1;
     size_t staged = p->filling->count, staged_bytes = p->filling->bytes;
-    if (p->decoding != NULL) {
-        staged += p->decoding->count;
-        staged_bytes += p->decoding->bytes;
+    for (size_t k = 0; k < p->ndecoding; k++) {
+        const stage_t *d = &p->stages[(p->fill_index + STAGE_DEPTH - p->ndecoding + k) % STAGE_DEPTH];
+        staged += d->count;
+        staged_bytes += d->bytes;
     }
     size_t events = p->batch.count + staged, max_events = limits * p->options.batch_max_events;
     if (events >= max_events)
@@ -445,7 +452,7 @@ size_t ces_intake_room(const ces_pipeline_t *p) {
 }
 
 bool ces_intake_busy(const ces_pipeline_t *p) {
-    return p->decoding != NULL || p->filling->count > 0;
+    return p->ndecoding > 0 || p->filling->count > 0;
 }
 
 /* Takes in a decoded stage's records, in order. */
@@ -463,25 +470,36 @@ static ces_pipeline_status_t take_stage(ces_pipeline_t *p, stage_t *stage, int64
     return CES_PIPELINE_OK;
 }
 
+/*
+ * With helpers and more records coming, the stage just filled is handed to them and this thread
+ * goes on: it takes in the decoded stages that are ready, and waits for (helps with) the oldest
+ * only when every stage is taken, so that a helper the scheduler keeps off the CPU for a while
+ * (PostgreSQL and the broker share the machine) delays nothing. Otherwise everything staged is
+ * decoded and taken in now.
+ */
 ces_pipeline_status_t ces_intake_take(ces_pipeline_t *p, int64_t now_ms, bool more_coming,
                                       char *errstr, size_t errstr_size) {
-    stage_t *decoded = finish_decoding(p);
+    bool ahead = more_coming && p->team != NULL;
     stage_t *next = p->filling;
-    if (more_coming && p->team != NULL && next->count > 0) {
-        /* The helpers decode the stage just filled while this thread takes in the one before
-         * and reads on: the pipeline's own work no longer leaves them idle. */
+    if (ahead && next->count > 0) {
         ces_team_start(p->team, prepare, next, next->count);
-        p->decoding = next;
-        p->filling = next == &p->stages[0] ? &p->stages[1] : &p->stages[0];
+        p->ndecoding++;
+        p->fill_index = (p->fill_index + 1) % STAGE_DEPTH;
+        p->filling = &p->stages[p->fill_index];
         next = NULL;
-    } else {
-        ces_team_run(p->team, prepare, next, p->decoder, next->count);
     }
     ces_pipeline_status_t st = CES_PIPELINE_OK;
-    if (decoded != NULL)
-        st = take_stage(p, decoded, now_ms, errstr, errstr_size);
-    if (st == CES_PIPELINE_OK && next != NULL)
+    while (st == CES_PIPELINE_OK && p->ndecoding > 0) {
+        stage_t *oldest = oldest_decoding(p);
+        if (ahead && p->ndecoding < STAGE_DEPTH - 1 &&
+            !ces_team_done(p->team, oldest, oldest->count))
+            break;
+        st = take_stage(p, finish_decoding(p), now_ms, errstr, errstr_size);
+    }
+    if (st == CES_PIPELINE_OK && next != NULL) {
+        ces_team_run(p->team, prepare, next, p->decoder, next->count);
         st = take_stage(p, next, now_ms, errstr, errstr_size);
+    }
     if (st != CES_PIPELINE_OK)
         ces_intake_drop(p);
     return st;

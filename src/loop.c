@@ -6,11 +6,11 @@
  * A turn: release what the clock allows (segment timeouts, held transactions, pausing); send the
  * batch when it is due and PostgreSQL has finished the one before; read the records the feed
  * already holds, as many as the pipeline has room for, into a stage that the decoding threads
- * work on while this thread takes in the stage before; then, when nothing more arrived, apply the
- * open batch once it has settled, or complete the batch in flight. A batch is applied when it is
- * full, when it is batch_max_ms old, or at the first pause in arrivals once it has been open for
- * a few milliseconds: a trickle is applied at once, a backlog in full batches while the next one
- * is read.
+ * work on while this thread takes in the stages before it that are decoded; then, when nothing
+ * more arrived, apply the open batch once it has settled, or complete the batch in flight. A batch
+ * is applied when it is full, when it is batch_max_ms old, or at the first pause in arrivals once
+ * it has been open for a few milliseconds: a trickle is applied at once, a backlog in full batches
+ * while the next one is read.
  */
 #include "pipeline_int.h"
 

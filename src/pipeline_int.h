@@ -37,6 +37,9 @@ typedef struct {
  * enough that the batch and the held events do not grow much past their limits meanwhile. */
 #define STAGE_RECORDS 32
 #define STAGE_BYTES (256u << 10)
+/* Stages: one filling and the rest decoding ahead, so that a helper always has a stage to work on
+ * while this thread reads, takes in and sends (and rarely waits for a helper in mid-record). */
+#define STAGE_DEPTH 4
 
 typedef struct {
     staged_t items[STAGE_RECORDS];
@@ -105,13 +108,15 @@ struct ces_pipeline_s {
     int64_t in_flight_started_ms;
     bool in_flight_commits; /* false: a part of the streamed transaction */
     unsigned adds; /* records taken in: every few, libpq is given the chance to send more */
-    /* Two stages: while the helpers decode one, the loop's thread takes in the other. */
-    stage_t stages[2];
-    stage_t *filling;  /* takes ces_intake_stage's records */
-    stage_t *decoding; /* handed to the team and not taken in yet; NULL: none */
+    /* Stages used in turn: stages[fill_index] takes ces_intake_stage's records, and the ndecoding
+     * before it (oldest first) are handed to the team and not taken in yet. */
+    stage_t stages[STAGE_DEPTH];
+    stage_t *filling;
+    size_t fill_index;
+    size_t ndecoding;
     /* Arenas whole events were decoded in, emptied: the next records are decoded in them (a
      * record's JSON trees need several blocks, which would be malloc'ed and freed each time). */
-    ces_arena_t *spares[STAGE_RECORDS];
+    ces_arena_t *spares[2 * STAGE_RECORDS];
     size_t nspares;
     /* Decoding threads besides the loop's, each with a decoder of its own. */
     ces_team_t *team;

@@ -13,57 +13,76 @@ typedef struct {
     pthread_t thread;
 } helper_t;
 
-struct ces_team_s {
-    pthread_mutex_t lock;
-    pthread_cond_t work;     /* helpers wait here for a job */
-    pthread_cond_t finished; /* the caller waits here for the last item */
-    /* The job, written under lock before generation moves on. */
+/* A job started and not finished yet. */
+typedef struct {
     ces_team_fn fn;
     void *job;
     size_t n;
+    uint32_t generation; /* written under lock when the job starts */
+    /* generation << 32 | the next item to claim. A helper that comes late to a job (the caller
+     * did every item and went on, and the slot holds a later job now) sees another generation
+     * and claims nothing. */
+    _Atomic uint64_t claim;
+    /* Items done: a job's items are all done before its slot is reused, since an item claimed is
+     * counted before the caller can see the count complete. */
+    _Atomic size_t done;
+} job_t;
+
+struct ces_team_s {
+    pthread_mutex_t lock;
+    pthread_cond_t work;     /* helpers wait here for a job with items to claim */
+    pthread_cond_t finished; /* the caller waits here for the last item of its oldest job */
+    /* Jobs started and not finished, oldest first: slots[head], ..., written under lock. */
+    job_t slots[CES_TEAM_MAX_JOBS];
+    size_t head, count;
     uint32_t generation;
     bool stopping;
-    /* generation << 32 | the next item to claim. A helper that comes late to a job (the caller
-     * did every item and went on to the next job) sees another generation and claims nothing. */
-    _Atomic uint64_t claim;
-    /* Items done in the current job: a job's items are all done before the next one starts,
-     * since an item claimed is counted before the caller can see the count complete. */
-    _Atomic size_t done;
     helper_t *helpers;
     size_t nhelpers;
 };
 
-static bool claim(ces_team_t *t, uint32_t generation, size_t n, size_t *item) {
-    uint64_t s = atomic_load_explicit(&t->claim, memory_order_relaxed);
+static bool claim(job_t *j, uint32_t generation, size_t n, size_t *item) {
+    uint64_t s = atomic_load_explicit(&j->claim, memory_order_relaxed);
     for (;;) {
         if ((uint32_t)(s >> 32) != generation || (s & UINT32_MAX) >= n)
             return false;
-        if (atomic_compare_exchange_weak(&t->claim, &s, s + 1)) {
+        if (atomic_compare_exchange_weak(&j->claim, &s, s + 1)) {
             *item = (size_t)(s & UINT32_MAX);
             return true;
         }
     }
 }
 
+/* The oldest job with an item left to claim, or NULL. Under lock. */
+static job_t *job_to_help(ces_team_t *t) {
+    for (size_t k = 0; k < t->count; k++) {
+        job_t *j = &t->slots[(t->head + k) % CES_TEAM_MAX_JOBS];
+        uint64_t s = atomic_load_explicit(&j->claim, memory_order_relaxed);
+        if ((s & UINT32_MAX) < j->n)
+            return j;
+    }
+    return NULL;
+}
+
 static void *helper_main(void *arg) {
     helper_t *h = arg;
     ces_team_t *t = h->team;
-    uint32_t seen = 0;
     pthread_mutex_lock(&t->lock);
     for (;;) {
-        while (t->generation == seen && !t->stopping)
+        job_t *j;
+        while ((j = job_to_help(t)) == NULL && !t->stopping)
             pthread_cond_wait(&t->work, &t->lock);
         if (t->stopping)
             break;
-        seen = t->generation;
-        ces_team_fn fn = t->fn;
-        void *job = t->job;
-        size_t n = t->n;
+        uint32_t generation = j->generation;
+        ces_team_fn fn = j->fn;
+        void *job = j->job;
+        size_t n = j->n;
         pthread_mutex_unlock(&t->lock);
         size_t item;
-        while (claim(t, seen, n, &item)) {
+        while (claim(j, generation, n, &item)) {
             fn(h->worker, job, item);
-            if (atomic_fetch_add(&t->done, 1) + 1 == n) {
+            if (atomic_fetch_add(&j->done, 1) + 1 == n) {
                 pthread_mutex_lock(&t->lock);
                 pthread_cond_signal(&t->finished);
                 pthread_mutex_unlock(&t->lock);
@@ -135,38 +154,62 @@ void ces_team_start(ces_team_t *t, ces_team_fn fn, void *job, size_t n) {
     if (!worth_sharing(t, n))
         return;
     pthread_mutex_lock(&t->lock);
-    t->fn = fn;
-    t->job = job;
-    t->n = n;
-    t->generation++;
-    atomic_store(&t->done, 0);
-    atomic_store(&t->claim, (uint64_t)t->generation << 32);
-    pthread_cond_broadcast(&t->work);
+    /* Full: the job is not handed out, and its finish does it (see there). */
+    if (t->count < CES_TEAM_MAX_JOBS) {
+        job_t *j = &t->slots[(t->head + t->count) % CES_TEAM_MAX_JOBS];
+        j->fn = fn;
+        j->job = job;
+        j->n = n;
+        j->generation = ++t->generation;
+        atomic_store(&j->done, 0);
+        atomic_store(&j->claim, (uint64_t)j->generation << 32);
+        t->count++;
+        pthread_cond_broadcast(&t->work);
+    }
     pthread_mutex_unlock(&t->lock);
 }
 
+/* The oldest job started and not finished when it is job, else NULL (a job not handed out). Only
+ * the caller starts and finishes jobs, so it reads head and count without the lock. */
+static job_t *oldest_if(ces_team_t *t, const void *job, size_t n) {
+    if (!worth_sharing(t, n) || t->count == 0 || t->slots[t->head].job != job)
+        return NULL;
+    return &t->slots[t->head];
+}
+
+bool ces_team_done(ces_team_t *t, const void *job, size_t n) {
+    job_t *j = oldest_if(t, job, n);
+    return j != NULL && atomic_load(&j->done) == n;
+}
+
 void ces_team_finish(ces_team_t *t, ces_team_fn fn, void *job, void *caller, size_t n) {
-    if (!worth_sharing(t, n)) {
+    job_t *j = oldest_if(t, job, n);
+    if (j == NULL) {
         for (size_t i = 0; i < n; i++)
             fn(caller, job, i);
         return;
     }
-    /* Only the caller writes generation. */
-    uint32_t generation = t->generation;
+    uint32_t generation = j->generation;
     size_t item;
-    while (claim(t, generation, n, &item)) {
+    while (claim(j, generation, n, &item)) {
         fn(caller, job, item);
-        atomic_fetch_add(&t->done, 1);
+        atomic_fetch_add(&j->done, 1);
     }
-    if (atomic_load(&t->done) == n)
-        return;
     pthread_mutex_lock(&t->lock);
-    while (atomic_load(&t->done) != n)
+    while (atomic_load(&j->done) != n)
         pthread_cond_wait(&t->finished, &t->lock);
+    t->head = (t->head + 1) % CES_TEAM_MAX_JOBS;
+    t->count--;
     pthread_mutex_unlock(&t->lock);
 }
 
 void ces_team_run(ces_team_t *t, ces_team_fn fn, void *job, void *caller, size_t n) {
+    if (t != NULL && t->count > 0) {
+        /* Behind unfinished jobs: sharing it would have it wait for them. */
+        for (size_t i = 0; i < n; i++)
+            fn(caller, job, i);
+        return;
+    }
     ces_team_start(t, fn, job, n);
     ces_team_finish(t, fn, job, caller, n);
 }

@@ -12,6 +12,7 @@
 #ifndef CES_TEAM_H
 #define CES_TEAM_H
 
+#include <stdbool.h>
 #include <stddef.h>
 
 typedef struct ces_team_s ces_team_t;
@@ -29,17 +30,24 @@ void ces_team_destroy(ces_team_t *team);
 
 /*
  * Runs fn for every item in [0, n): the caller with its context caller, the helpers with theirs,
- * each item once. team may be NULL: the caller does every item. Returns when all are done.
+ * each item once. team may be NULL: the caller does every item. Returns when all are done. With
+ * jobs started and not finished, the caller does every item (they would come first).
  */
 void ces_team_run(ces_team_t *team, ces_team_fn fn, void *job, void *caller, size_t n);
 
 /*
- * The same in two steps, so that the caller can do something else while the helpers start on the
- * items: ces_team_start hands the job to the helpers and returns at once; ces_team_finish (with
- * the same fn, job and n) has the caller do the items nobody has claimed yet and returns when all
- * are done. Every start is followed by its finish before the next start or run.
+ * The same in two steps, so that the caller can do something else while the helpers work:
+ * ces_team_start hands the job to the helpers and returns at once; ces_team_finish (with the same
+ * fn, job and n) has the caller do the items nobody has claimed yet and returns when all are done.
+ * Up to CES_TEAM_MAX_JOBS jobs may be started and not finished; the helpers work on the oldest
+ * first, and the jobs are finished in the order they were started. A job started beyond that
+ * limit is not handed out: its finish does every item.
  */
+#define CES_TEAM_MAX_JOBS 8
 void ces_team_start(ces_team_t *team, ces_team_fn fn, void *job, size_t n);
 void ces_team_finish(ces_team_t *team, ces_team_fn fn, void *job, void *caller, size_t n);
+/* True when every item of job, the oldest job started and not finished, is done: its finish will
+ * not wait. False for a job that was not handed out (it is done by its finish). */
+bool ces_team_done(ces_team_t *team, const void *job, size_t n);
 
 #endif

@@ -425,10 +425,14 @@ static void stage_room_follows_the_batch(void **state) {
         assert_false(ces_intake_stage(p, &r));
     }
     assert_int_equal(ces_intake_room(p), 6);
-    /* Decoded ahead, not taken in yet: they still count. */
+    /* Decoded ahead: taken in when the helper has finished them, else not yet (it may be quick
+     * or not), and they count either way. */
     assert_int_equal(ces_intake_take(p, 0, true, err, sizeof(err)), CES_PIPELINE_OK);
-    assert_true(ces_intake_busy(p));
-    assert_int_equal(ces_pipeline_batch_events(p), 0);
+    size_t taken = ces_pipeline_batch_events(p);
+    if (taken == 0)
+        assert_true(ces_intake_busy(p));
+    else
+        assert_true(taken == 4 && !ces_intake_busy(p));
     assert_int_equal(ces_intake_room(p), 6);
     for (int i = 4; i < 10; i++) {
         ces_record_t r = {.topic = "ces", .partition = 0, .offset = i, .value = recs[i]};

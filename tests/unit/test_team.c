@@ -103,6 +103,68 @@ static void jobs_back_to_back(void **state) {
     ces_team_destroy(team);
 }
 
+/* Jobs started ahead: the helpers work through them while the caller goes on, the caller finishes
+ * them in order (helping with what is left), and a job beyond CES_TEAM_MAX_JOBS is done by its
+ * finish. Rounds of slots reused with jobs of every size must never run an item twice. */
+static void jobs_started_ahead(void **state) {
+    (void)state;
+    enum { JOBS = CES_TEAM_MAX_JOBS + 2 };
+    worker_t workers[HELPERS + 1];
+    ces_team_t *team = new_team(workers);
+    job_t *jobs = calloc(JOBS, sizeof(*jobs));
+    assert_non_null(jobs);
+    size_t sizes[JOBS];
+    for (int round = 0; round < 500; round++) {
+        memset(jobs, 0, JOBS * sizeof(*jobs));
+        size_t depth = 1 + (size_t)round % JOBS; /* jobs outstanding at once */
+        size_t started = 0, finished = 0;
+        for (size_t k = 0; k < JOBS; k++) {
+            sizes[k] = (size_t)((round * 7 + (int)k * 13) % 60);
+            ces_team_start(team, do_item, &jobs[k], sizes[k]);
+            started++;
+            while (started - finished >= depth) {
+                ces_team_finish(team, do_item, &jobs[finished], &workers[0], sizes[finished]);
+                check_all_once(&jobs[finished], sizes[finished]);
+                finished++;
+            }
+        }
+        for (; finished < started; finished++) {
+            ces_team_finish(team, do_item, &jobs[finished], &workers[0], sizes[finished]);
+            check_all_once(&jobs[finished], sizes[finished]);
+        }
+    }
+    /* A job left to the helpers alone is done without the caller, and then reported done. */
+    memset(jobs, 0, sizeof(*jobs));
+    ces_team_start(team, do_item, &jobs[0], ITEMS);
+    struct timespec start, now;
+    clock_gettime(CLOCK_MONOTONIC, &start);
+    while (!ces_team_done(team, &jobs[0], ITEMS)) {
+        clock_gettime(CLOCK_MONOTONIC, &now);
+        if (now.tv_sec - start.tv_sec > 20)
+            fail_msg("the helpers did not finish a job in 20 s");
+        sched_yield();
+    }
+    assert_int_equal(atomic_load(&jobs[0].helper_items), ITEMS);
+    ces_team_finish(team, do_item, &jobs[0], &workers[0], ITEMS);
+    check_all_once(&jobs[0], ITEMS);
+    /* Every slot taken: the next job is not handed out, so its finish does it all. */
+    memset(jobs, 0, JOBS * sizeof(*jobs));
+    for (size_t k = 0; k < JOBS; k++) {
+        jobs[k].caller_waits = false;
+        ces_team_start(team, do_item, &jobs[k], ITEMS);
+    }
+    for (size_t k = 0; k < JOBS; k++) {
+        if (k >= CES_TEAM_MAX_JOBS)
+            assert_false(ces_team_done(team, &jobs[k], ITEMS));
+        ces_team_finish(team, do_item, &jobs[k], &workers[0], ITEMS);
+        check_all_once(&jobs[k], ITEMS);
+        if (k >= CES_TEAM_MAX_JOBS)
+            assert_int_equal(atomic_load(&jobs[k].helper_items), 0);
+    }
+    free(jobs);
+    ces_team_destroy(team);
+}
+
 /* Without a team the caller does every item itself. */
 static void no_team(void **state) {
     (void)state;
@@ -122,6 +184,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(helpers_take_items),
         cmocka_unit_test(jobs_back_to_back),
+        cmocka_unit_test(jobs_started_ahead),
         cmocka_unit_test(no_team),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
