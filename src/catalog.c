@@ -16,6 +16,15 @@
 #define TYPE_FITS ((uintptr_t)1)
 #define TYPE_CONFLICT ((uintptr_t)2)
 
+/* An event shape, as shape_remember writes it; len 0: none. */
+typedef struct {
+    char *bytes;
+    size_t len, cap;
+} shape_t;
+
+/* Shapes remembered per table: an INS, an UPD and a DEL of one table differ in their images. */
+#define CATALOG_SHAPES 4
+
 struct ces_catalog_table_s {
     ces_catalog_desc_t desc;
     size_t capacity; /* of desc.cols */
@@ -27,10 +36,10 @@ struct ces_catalog_table_s {
     bool warned_no_old_image;
     bool warned_no_pk;
     ces_map_t *type_checks; /* "column\x1ftype" -> verdict; 'L' + hash of a column list -> 1 */
-    /* The last event shape that passed every check against this description (see shape_matches);
-     * emptied whenever the description is read again. */
-    char *shape;
-    size_t shape_len, shape_cap;
+    /* The last event shapes that passed every check against this description (see
+     * shape_matches), the oldest replaced first; emptied whenever the description is read again. */
+    shape_t shapes[CATALOG_SHAPES];
+    unsigned next_shape;
     char reject_reason[300];
     /* Inserts of new keys go as plain INSERTs from attempt number upsert_until on;
      * insert_conflicts counts the times one found its key taken. */
@@ -231,7 +240,8 @@ static void table_free(void *value, void *arg) {
     free(t->desc.qualified);
     ces_map_destroy(t->by_source);
     ces_map_destroy(t->type_checks);
-    free(t->shape);
+    for (size_t i = 0; i < CATALOG_SHAPES; i++)
+        free(t->shapes[i].bytes);
     free(t->pg_schema);
     free(t->pg_table);
     free(t);
@@ -358,7 +368,8 @@ static int table_load(const ces_catalog_t *cat, ces_session_t *session, ces_cata
     d->version_col = -1;
     ces_map_clear(t->by_source, NULL, NULL);
     ces_map_clear(t->type_checks, NULL, NULL);
-    t->shape_len = 0;
+    for (size_t i = 0; i < CATALOG_SHAPES; i++)
+        t->shapes[i].len = 0;
     int rows = PQntuples(r);
     free(d->pk);
     d->pk = calloc((size_t)rows + 1, sizeof(size_t));
@@ -757,9 +768,9 @@ static int table_add_missing(const ces_catalog_t *cat, ces_session_t *session,
 
 /*
  * An event's shape: the counts of its column list and images, then every column name and type and
- * every image field name, each with its NUL. Events of a table nearly always repeat one shape, so
- * the table keeps the last shape that passed every check, and an event of exactly that shape (a
- * byte-for-byte comparison, so no collision can let an unchecked shape through) needs no name
+ * every image field name, each with its NUL. Events of a table nearly always repeat a few shapes,
+ * so the table keeps the last shapes that passed every check, and an event of exactly such a shape
+ * (a byte-for-byte comparison, so no collision can let an unchecked shape through) needs no name
  * lookups and no type checks: they would give the same answers against the same description.
  */
 static bool shape_text_matches(const char **cursor, const char *end, const char *s) {
@@ -783,11 +794,11 @@ static bool shape_fields_match(const char **cursor, const char *end, const ces_f
     return true;
 }
 
-static bool shape_matches(const ces_catalog_table_t *t, const ces_event_t *ev) {
+static bool shape_matches(const shape_t *shape, const ces_event_t *ev) {
     const size_t counts[4] = {ev->ncols, ev->npkkey, ev->ncurrent, ev->nold};
-    if (t->shape_len < sizeof(counts) || memcmp(t->shape, counts, sizeof(counts)) != 0)
+    if (shape->len < sizeof(counts) || memcmp(shape->bytes, counts, sizeof(counts)) != 0)
         return false;
-    const char *cursor = t->shape + sizeof(counts), *end = t->shape + t->shape_len;
+    const char *cursor = shape->bytes + sizeof(counts), *end = shape->bytes + shape->len;
     for (size_t i = 0; i < ev->ncols; i++) {
         if (!shape_text_matches(&cursor, end, ev->cols[i].name) ||
             !shape_text_matches(&cursor, end, ev->cols[i].type))
@@ -798,46 +809,58 @@ static bool shape_matches(const ces_catalog_table_t *t, const ces_event_t *ev) {
            shape_fields_match(&cursor, end, ev->old, ev->nold) && cursor == end;
 }
 
+static bool shape_known(const ces_catalog_table_t *t, const ces_event_t *ev) {
+    for (size_t i = 0; i < CATALOG_SHAPES; i++) {
+        if (shape_matches(&t->shapes[i], ev))
+            return true;
+    }
+    return false;
+}
+
 /* Appends n bytes to the shape being written; false when out of memory. */
-static bool shape_put(ces_catalog_table_t *t, const void *bytes, size_t n) {
-    if (t->shape_cap - t->shape_len < n) {
-        size_t cap = t->shape_cap ? t->shape_cap : 256;
-        while (cap - t->shape_len < n)
+static bool shape_put(shape_t *shape, const void *bytes, size_t n) {
+    if (shape->cap - shape->len < n) {
+        size_t cap = shape->cap ? shape->cap : 256;
+        while (cap - shape->len < n)
             cap *= 2;
-        char *bigger = realloc(t->shape, cap);
+        char *bigger = realloc(shape->bytes, cap);
         if (bigger == NULL)
             return false;
-        t->shape = bigger;
-        t->shape_cap = cap;
+        shape->bytes = bigger;
+        shape->cap = cap;
     }
-    memcpy(t->shape + t->shape_len, bytes, n);
-    t->shape_len += n;
+    memcpy(shape->bytes + shape->len, bytes, n);
+    shape->len += n;
     return true;
 }
 
-static bool shape_put_text(ces_catalog_table_t *t, const char *s) {
-    return shape_put(t, s, strlen(s) + 1);
+static bool shape_put_text(shape_t *shape, const char *s) {
+    return shape_put(shape, s, strlen(s) + 1);
 }
 
-static bool shape_put_fields(ces_catalog_table_t *t, const ces_field_t *f, size_t n) {
+static bool shape_put_fields(shape_t *shape, const ces_field_t *f, size_t n) {
     for (size_t i = 0; i < n; i++) {
-        if (!shape_put_text(t, f[i].name))
+        if (!shape_put_text(shape, f[i].name))
             return false;
     }
     return true;
 }
 
-/* Keeps ev's shape as the one that passed (out of memory: none is kept, which only costs time). */
+/* Keeps ev's shape as one that passed, in place of the oldest (out of memory: that slot keeps
+ * none, which only costs time). */
 static void shape_remember(ces_catalog_table_t *t, const ces_event_t *ev) {
+    shape_t *shape = &t->shapes[t->next_shape];
+    t->next_shape = (t->next_shape + 1) % CATALOG_SHAPES;
     const size_t counts[4] = {ev->ncols, ev->npkkey, ev->ncurrent, ev->nold};
-    t->shape_len = 0;
-    bool ok = shape_put(t, counts, sizeof(counts));
+    shape->len = 0;
+    bool ok = shape_put(shape, counts, sizeof(counts));
     for (size_t i = 0; ok && i < ev->ncols; i++)
-        ok = shape_put_text(t, ev->cols[i].name) && shape_put_text(t, ev->cols[i].type);
-    ok = ok && shape_put_fields(t, ev->pkkey, ev->npkkey) &&
-         shape_put_fields(t, ev->current, ev->ncurrent) && shape_put_fields(t, ev->old, ev->nold);
+        ok = shape_put_text(shape, ev->cols[i].name) && shape_put_text(shape, ev->cols[i].type);
+    ok = ok && shape_put_fields(shape, ev->pkkey, ev->npkkey) &&
+         shape_put_fields(shape, ev->current, ev->ncurrent) &&
+         shape_put_fields(shape, ev->old, ev->nold);
     if (!ok)
-        t->shape_len = 0;
+        shape->len = 0;
 }
 
 ces_catalog_table_t *ces_catalog_ensure(ces_catalog_t *cat, ces_session_t *session,
@@ -849,7 +872,7 @@ ces_catalog_table_t *ces_catalog_ensure(ces_catalog_t *cat, ces_session_t *sessi
     size_t klen = ces_map_key(key, sizeof(key), '\x1f', parts, 3);
     ces_catalog_table_t *t = ces_map_get(cat->tables, key, klen);
     bool fresh = false;
-    if (t != NULL && t->loaded && shape_matches(t, ev))
+    if (t != NULL && t->loaded && shape_known(t, ev))
         return t;
     if (t == NULL) {
         t = table_new(cat, session, ev);

@@ -76,6 +76,37 @@ static void version_is_one_ordered_number(void **state) {
     ces_position_t some = {lsn("27:1A8:3"), 12};
     ces_version_format(&some, buf, sizeof(buf));
     assert_string_equal(buf, "10977524119502851" "00000000000000000012");
+    /* Around 10^19, where the LSN is split into two 64-bit halves. */
+    ces_position_t split = {{0x8AC7u, 0x230489E80000ULL}, 7}; /* exactly 10^19 */
+    ces_version_format(&split, buf, sizeof(buf));
+    assert_string_equal(buf, "10000000000000000000" "00000000000000000007");
+    split.commit_lsn.low -= 1;
+    ces_version_format(&split, buf, sizeof(buf));
+    assert_string_equal(buf, "9999999999999999999" "00000000000000000007");
+    split.commit_lsn.low += 6;
+    ces_version_format(&split, buf, sizeof(buf));
+    assert_string_equal(buf, "10000000000000000005" "00000000000000000007");
+    /* Against the plain 128-bit digit loop, over LSNs of every size. */
+    __extension__ typedef unsigned __int128 u128;
+    uint64_t x = 88172645463325252ULL;
+    for (int i = 0; i < 20000; i++) {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        ces_position_t p = {{(uint32_t)(x >> 32) >> (i % 33 == 32 ? 0 : i % 33),
+                             (x * 2654435761u) & 0xFFFFFFFFFFFFULL >> (i % 48)},
+                            x >> (i % 64)};
+        u128 v = ((u128)p.commit_lsn.high << 48) | p.commit_lsn.low;
+        char want[64], rev[64];
+        size_t n = 0;
+        do {
+            rev[n++] = (char)('0' + (int)(v % 10));
+            v /= 10;
+        } while (v != 0);
+        for (size_t k = 0; k < n; k++)
+            want[k] = rev[n - 1 - k];
+        snprintf(want + n, sizeof(want) - n, "%020llu", (unsigned long long)p.sequence);
+        ces_version_format(&p, buf, sizeof(buf));
+        assert_string_equal(buf, want);
+    }
     /* Like snprintf, a short buffer gets what fits and a NUL. */
     ces_version_format(&some, buf, 6);
     assert_string_equal(buf, "10977");
