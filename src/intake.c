@@ -3,10 +3,10 @@
  *
  * A record is staged, decoded (by the team of decoding threads when there is one: staging lets the
  * helpers decode up to STAGE_DEPTH - 1 stages ahead while this thread reads, takes in and sends),
- * and taken in on the loop's thread, in order: a whole event goes to the orderer (transaction mode) or into the batch
- * (partition mode), a segment to the reassembler, anything that cannot be decoded into the batch as
- * a dead letter with the record's bytes. Events of tables left out by schema.include/exclude are
- * counted and dropped here.
+ * and taken in on the loop's thread, in order: a whole event goes to the orderer (transaction
+ * mode) or into the batch (partition mode), a segment to the reassembler, anything that cannot be
+ * decoded into the batch as a dead letter with the record's bytes. Events of tables left out by
+ * schema.include/exclude are counted and dropped here.
  */
 #include "pipeline_int.h"
 
@@ -32,16 +32,16 @@ static void unstage(ces_pipeline_t *p, stage_t *stage, size_t from) {
 
 static void prepare(void *worker, void *job, size_t item);
 
-/* The oldest stage the team decodes (there must be one). */
-static stage_t *oldest_decoding(ces_pipeline_t *p) {
-    return &p->stages[(p->fill_index + STAGE_DEPTH - p->ndecoding) % STAGE_DEPTH];
+/* Stage k (0: the oldest) of those the team decodes (k < ndecoding). */
+static stage_t *decoding_stage(const ces_pipeline_t *p, size_t k) {
+    return (stage_t *)&p->stages[(p->fill_index + STAGE_DEPTH - p->ndecoding + k) % STAGE_DEPTH];
 }
 
 /* The oldest stage the team decodes, complete (this thread doing what is left), or NULL. */
 static stage_t *finish_decoding(ces_pipeline_t *p) {
     if (p->ndecoding == 0)
         return NULL;
-    stage_t *stage = oldest_decoding(p);
+    stage_t *stage = decoding_stage(p, 0);
     ces_team_finish(p->team, prepare, stage, p->decoder, stage->count);
     p->ndecoding--;
     return stage;
@@ -435,7 +435,7 @@ size_t ces_intake_room(const ces_pipeline_t *p) {
     size_t limits = p->flying ? 2 : 1;
     size_t staged = p->filling->count, staged_bytes = p->filling->bytes;
     for (size_t k = 0; k < p->ndecoding; k++) {
-        const stage_t *d = &p->stages[(p->fill_index + STAGE_DEPTH - p->ndecoding + k) % STAGE_DEPTH];
+        const stage_t *d = decoding_stage(p, k);
         staged += d->count;
         staged_bytes += d->bytes;
     }
@@ -490,7 +490,7 @@ ces_pipeline_status_t ces_intake_take(ces_pipeline_t *p, int64_t now_ms, bool mo
     }
     ces_pipeline_status_t st = CES_PIPELINE_OK;
     while (st == CES_PIPELINE_OK && p->ndecoding > 0) {
-        stage_t *oldest = oldest_decoding(p);
+        stage_t *oldest = decoding_stage(p, 0);
         if (ahead && p->ndecoding < STAGE_DEPTH - 1 &&
             !ces_team_done(p->team, oldest, oldest->count))
             break;

@@ -179,7 +179,7 @@ static job_t *oldest_if(ces_team_t *t, const void *job, size_t n) {
 
 bool ces_team_done(ces_team_t *t, const void *job, size_t n) {
     job_t *j = oldest_if(t, job, n);
-    return j != NULL && atomic_load(&j->done) == n;
+    return j == NULL || atomic_load(&j->done) == n;
 }
 
 void ces_team_finish(ces_team_t *t, ces_team_fn fn, void *job, void *caller, size_t n) {

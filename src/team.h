@@ -46,8 +46,9 @@ void ces_team_run(ces_team_t *team, ces_team_fn fn, void *job, void *caller, siz
 #define CES_TEAM_MAX_JOBS 8
 void ces_team_start(ces_team_t *team, ces_team_fn fn, void *job, size_t n);
 void ces_team_finish(ces_team_t *team, ces_team_fn fn, void *job, void *caller, size_t n);
-/* True when every item of job, the oldest job started and not finished, is done: its finish will
- * not wait. False for a job that was not handed out (it is done by its finish). */
+/* True when finishing job, the oldest job started and not finished, will not wait for a helper:
+ * every item is done, or the job was not handed out (one item, or beyond the limit) and its
+ * finish does every item at once. */
 bool ces_team_done(ces_team_t *team, const void *job, size_t n);
 
 #endif
