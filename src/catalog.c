@@ -35,7 +35,7 @@ struct ces_catalog_table_s {
     bool preserve_case;
     bool warned_no_old_image;
     bool warned_no_pk;
-    ces_map_t *type_checks; /* "column\x1ftype" -> verdict; 'L' + hash of a column list -> 1 */
+    ces_map_t *type_checks; /* "column\x1ftype" -> verdict */
     /* The last event shapes that passed every check against this description (see
      * shape_matches), the oldest replaced first; emptied whenever the description is read again. */
     shape_t shapes[CATALOG_SHAPES];
@@ -556,21 +556,6 @@ static int table_adopt(ces_session_t *session, const char *version_quoted,
     return rc;
 }
 
-/* Events of a table mostly repeat the same column list: a hash of it lets each distinct list be
- * judged once (FNV-1a over names and types, with separators). */
-static uint64_t column_list_hash(const ces_event_t *ev) {
-    uint64_t h = 1469598103934665603ULL;
-    for (size_t i = 0; i < ev->ncols; i++) {
-        for (const char *p = ev->cols[i].name; *p; p++)
-            h = (h ^ (unsigned char)*p) * 1099511628211ULL;
-        h = (h ^ 0x1f) * 1099511628211ULL;
-        for (const char *p = ev->cols[i].type; *p; p++)
-            h = (h ^ (unsigned char)*p) * 1099511628211ULL;
-        h = (h ^ 0x1e) * 1099511628211ULL;
-    }
-    return h;
-}
-
 /* The verdict on one (column, type), cached in t->type_checks; 0 when out of memory. Each
  * conflict is logged once. */
 static uintptr_t column_verdict(ces_catalog_t *cat, ces_catalog_table_t *t, const ces_column_t *c) {
@@ -602,16 +587,12 @@ static uintptr_t column_verdict(ces_catalog_t *cat, ces_catalog_table_t *t, cons
 /*
  * A source column whose type no longer fits its target column (say int became nvarchar) is a type
  * conflict: columns are never retyped, so the event is dead-lettered. Verdicts are cached per
- * (column, type) and per column list. *unchecked: memory ran out before every column was judged.
+ * (column, type); an event of a shape that passed skips this (shape_known). *unchecked: memory
+ * ran out before every column was judged.
  */
 static bool type_conflict(ces_catalog_t *cat, ces_catalog_table_t *t, const ces_event_t *ev,
                           ces_reject_t *reject, bool *unchecked) {
     *unchecked = false;
-    uint64_t h = column_list_hash(ev);
-    char list_key[1 + sizeof(h)] = {'L'};
-    memcpy(list_key + 1, &h, sizeof(h));
-    if (ces_map_get(t->type_checks, list_key, sizeof(list_key)) != NULL)
-        return false;
     for (size_t i = 0; i < ev->ncols; i++) {
         const ces_column_t *c = &ev->cols[i];
         uintptr_t verdict = column_verdict(cat, t, c);
@@ -628,8 +609,6 @@ static bool type_conflict(ces_catalog_t *cat, ces_catalog_table_t *t, const ces_
             return true;
         }
     }
-    if (ces_map_put(t->type_checks, list_key, sizeof(list_key), (void *)TYPE_FITS) != 0)
-        *unchecked = true; /* no memory: ask again */
     return false;
 }
 
