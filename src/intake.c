@@ -32,16 +32,16 @@ static void unstage(ces_pipeline_t *p, stage_t *stage, size_t from) {
 
 static void prepare(void *worker, void *job, size_t item);
 
-/* Stage k (0: the oldest) of those the team decodes (k < ndecoding). */
-static stage_t *decoding_stage(const ces_pipeline_t *p, size_t k) {
-    return (stage_t *)&p->stages[(p->fill_index + STAGE_DEPTH - p->ndecoding + k) % STAGE_DEPTH];
+/* The index of stage k (0: the oldest) of those the team decodes (k < ndecoding). */
+static size_t decoding_index(const ces_pipeline_t *p, size_t k) {
+    return (p->fill_index + STAGE_DEPTH - p->ndecoding + k) % STAGE_DEPTH;
 }
 
 /* The oldest stage the team decodes, complete (this thread doing what is left), or NULL. */
 static stage_t *finish_decoding(ces_pipeline_t *p) {
     if (p->ndecoding == 0)
         return NULL;
-    stage_t *stage = decoding_stage(p, 0);
+    stage_t *stage = &p->stages[decoding_index(p, 0)];
     ces_team_finish(p->team, prepare, stage, p->decoder, stage->count);
     p->ndecoding--;
     return stage;
@@ -53,7 +53,7 @@ void ces_intake_drop(ces_pipeline_t *p) {
     stage_t *decoded;
     while ((decoded = finish_decoding(p)) != NULL)
         unstage(p, decoded, 0);
-    unstage(p, p->filling, 0);
+    unstage(p, &p->stages[p->fill_index], 0);
 }
 
 /* Adds a dead-letter item; takes arena. */
@@ -418,7 +418,7 @@ nomem_taken:
 }
 
 bool ces_intake_stage(ces_pipeline_t *p, const ces_record_t *rec) {
-    stage_t *stage = p->filling;
+    stage_t *stage = &p->stages[p->fill_index];
     staged_t *s = &stage->items[stage->count++];
     s->rec = *rec;
     s->arena = p->nspares > 0 ? p->spares[--p->nspares] : NULL;
@@ -429,13 +429,14 @@ bool ces_intake_stage(ces_pipeline_t *p, const ces_record_t *rec) {
 }
 
 size_t ces_intake_room(const ces_pipeline_t *p) {
-    size_t room = STAGE_RECORDS - p->filling->count;
+    const stage_t *filling = &p->stages[p->fill_index];
+    size_t room = STAGE_RECORDS - filling->count;
     if (p->options.ordering != CES_ORDER_BY_PARTITION)
         return room;
     size_t limits = p->flying ? 2 : 1;
-    size_t staged = p->filling->count, staged_bytes = p->filling->bytes;
+    size_t staged = filling->count, staged_bytes = filling->bytes;
     for (size_t k = 0; k < p->ndecoding; k++) {
-        const stage_t *d = decoding_stage(p, k);
+        const stage_t *d = &p->stages[decoding_index(p, k)];
         staged += d->count;
         staged_bytes += d->bytes;
     }
@@ -452,7 +453,7 @@ size_t ces_intake_room(const ces_pipeline_t *p) {
 }
 
 bool ces_intake_busy(const ces_pipeline_t *p) {
-    return p->ndecoding > 0 || p->filling->count > 0;
+    return p->ndecoding > 0 || p->stages[p->fill_index].count > 0;
 }
 
 /* Takes in a decoded stage's records, in order. */
@@ -480,17 +481,16 @@ static ces_pipeline_status_t take_stage(ces_pipeline_t *p, stage_t *stage, int64
 ces_pipeline_status_t ces_intake_take(ces_pipeline_t *p, int64_t now_ms, bool more_coming,
                                       char *errstr, size_t errstr_size) {
     bool ahead = more_coming && p->team != NULL;
-    stage_t *next = p->filling;
+    stage_t *next = &p->stages[p->fill_index];
     if (ahead && next->count > 0) {
         ces_team_start(p->team, prepare, next, next->count);
         p->ndecoding++;
         p->fill_index = (p->fill_index + 1) % STAGE_DEPTH;
-        p->filling = &p->stages[p->fill_index];
         next = NULL;
     }
     ces_pipeline_status_t st = CES_PIPELINE_OK;
     while (st == CES_PIPELINE_OK && p->ndecoding > 0) {
-        stage_t *oldest = decoding_stage(p, 0);
+        stage_t *oldest = &p->stages[decoding_index(p, 0)];
         if (ahead && p->ndecoding < STAGE_DEPTH - 1 &&
             !ces_team_done(p->team, oldest, oldest->count))
             break;

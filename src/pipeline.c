@@ -26,7 +26,6 @@ ces_pipeline_t *ces_pipeline_new(const ces_pipeline_options_t *options, ces_deco
     p->options = *options;
     p->decoder = decoder;
     p->apply = apply;
-    p->filling = &p->stages[0];
     ces_window_init(&p->late.window, options->reorder_window_ms, options->reorder_window_max_ms,
                     options->reorder_window_adaptive);
     p->reasm = ces_reasm_new(&options->reasm);

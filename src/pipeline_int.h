@@ -111,7 +111,6 @@ struct ces_pipeline_s {
     /* Stages used in turn: stages[fill_index] takes ces_intake_stage's records, and the ndecoding
      * before it (oldest first) are handed to the team and not taken in yet. */
     stage_t stages[STAGE_DEPTH];
-    stage_t *filling;
     size_t fill_index;
     size_t ndecoding;
     /* Arenas whole events were decoded in, emptied: the next records are decoded in them (a
