@@ -83,10 +83,11 @@ void ces_decoder_destroy(ces_decoder_t *decoder) {
 
 static bool has_nul(const ces_json_t *v) { return memchr(v->text, '\0', v->text_len) != NULL; }
 
-/* A string attribute: absent is allowed when !required; any other type is rejected. */
-static ces_decode_status_t get_string(const ces_json_t *obj, const char *where, const char *key,
-                                      bool required, const char **out, char *errstr,
-                                      size_t errstr_size) {
+/* A string attribute: absent is allowed when !required; any other type is rejected. (Inline, like
+ * the two below, so that ces_json_get sees the literal key and its length is a constant.) */
+static inline ces_decode_status_t get_string(const ces_json_t *obj, const char *where,
+                                             const char *key, bool required, const char **out,
+                                             char *errstr, size_t errstr_size) {
     const ces_json_t *v = ces_json_get(obj, key);
     *out = NULL;
     if (v == NULL || (v->type == CES_JSON_NULL && !required)) {
@@ -103,8 +104,9 @@ static ces_decode_status_t get_string(const ces_json_t *obj, const char *where, 
     return CES_DECODE_OK;
 }
 
-static ces_decode_status_t get_int(const ces_json_t *obj, const char *where, const char *key,
-                                   int64_t *out, char *errstr, size_t errstr_size) {
+static inline ces_decode_status_t get_int(const ces_json_t *obj, const char *where,
+                                          const char *key, int64_t *out, char *errstr,
+                                          size_t errstr_size) {
     const ces_json_t *v = ces_json_get(obj, key);
     if (v == NULL)
         REJECT("%s: missing required attribute '%s'", where, key);
@@ -120,8 +122,9 @@ static ces_decode_status_t get_int(const ces_json_t *obj, const char *where, con
     return CES_DECODE_OK;
 }
 
-static ces_decode_status_t get_bool(const ces_json_t *obj, const char *where, const char *key,
-                                    bool *out, char *errstr, size_t errstr_size) {
+static inline ces_decode_status_t get_bool(const ces_json_t *obj, const char *where,
+                                           const char *key, bool *out, char *errstr,
+                                           size_t errstr_size) {
     const ces_json_t *v = ces_json_get(obj, key);
     if (v == NULL)
         REJECT("%s: missing required attribute '%s'", where, key);

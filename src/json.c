@@ -381,13 +381,13 @@ done:
     return result;
 }
 
-const ces_json_t *ces_json_get(const ces_json_t *object, const char *key) {
+const ces_json_t *ces_json_get_n(const ces_json_t *object, const char *key, size_t key_len) {
     if (object == NULL || object->type != CES_JSON_OBJECT)
         return NULL;
-    size_t key_len = strlen(key);
     for (size_t i = 0; i < object->count; i++) {
         const ces_json_member_t *m = &object->members[i];
-        if (m->key_len == key_len && memcmp(m->key, key, key_len) == 0)
+        if (m->key_len == key_len && (key_len == 0 || m->key[0] == key[0]) &&
+            memcmp(m->key, key, key_len) == 0)
             return &m->value;
     }
     return NULL;

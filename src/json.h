@@ -11,6 +11,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <string.h>
 
 #include "arena.h"
 
@@ -77,8 +78,14 @@ const ces_json_t *ces_json_parse_in_place(ces_json_parser_t *parser, ces_arena_t
                                           char *text, size_t len, const ces_json_limits_t *limits,
                                           char *errstr, size_t errstr_size);
 
-/* Returns the first member named key of an OBJECT node, or NULL. */
-const ces_json_t *ces_json_get(const ces_json_t *object, const char *key);
+/* Returns the first member named key (key_len bytes) of an OBJECT node, or NULL. */
+const ces_json_t *ces_json_get_n(const ces_json_t *object, const char *key, size_t key_len);
+
+/* The same for a NUL-terminated key. Inline so that a literal key's length is known when
+ * compiling: the lookups of a CES record's attributes were 3% of decoding, half of it strlen. */
+static inline const ces_json_t *ces_json_get(const ces_json_t *object, const char *key) {
+    return ces_json_get_n(object, key, strlen(key));
+}
 
 const char *ces_json_type_name(ces_json_type_t type);
 
