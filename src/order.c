@@ -47,6 +47,10 @@ struct ces_order_s {
     size_t ring_used;
     uint32_t *slots; /* ring index + 1, 0 = empty; open addressing */
     size_t nslots;   /* power of two, > 2 * ring_size */
+    /* The highest position remembered since the ring was last empty, so no entry lies above it:
+     * a source's positions mostly rise, so most events lie above it and above the batch in
+     * flight, and skip both lookups. */
+    ces_position_t ring_max;
     part_offsets_t *parts;
     size_t nparts;
     size_t parts_capacity;
@@ -258,9 +262,12 @@ static int by_position(const void *a, const void *b) { return ces_position_compa
 static bool seen(const ces_order_t *o, const ces_position_t *p) {
     if (o->ring_size == 0)
         return false;
-    if (o->nflight > 0 &&
+    if (o->nflight > 0 && ces_position_compare(p, &o->flight[o->nflight - 1]) <= 0 &&
+        ces_position_compare(p, &o->flight[0]) >= 0 &&
         bsearch(p, o->flight, o->nflight, sizeof(ces_position_t), by_position) != NULL)
         return true;
+    if (o->ring_used == 0 || ces_position_compare(p, &o->ring_max) > 0)
+        return false;
     size_t i = (size_t)position_hash(p) & (o->nslots - 1);
     while (o->slots[i] != 0) {
         if (position_equal(&o->ring[o->slots[i] - 1], p))
@@ -304,6 +311,8 @@ static void remember(ces_order_t *o, const ces_position_t *p) {
         unindex(o, r);
     else
         o->ring_used++;
+    if (o->ring_used == 1 || ces_position_compare(p, &o->ring_max) > 0)
+        o->ring_max = *p;
     o->ring[r] = *p;
     o->ring_next = (r + 1) % o->ring_size;
     size_t i = (size_t)position_hash(p) & (o->nslots - 1);

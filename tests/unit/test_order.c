@@ -280,6 +280,46 @@ static void dedup_window_survives_churn(void **state) {
     ces_order_destroy(o);
 }
 
+/* Lookups skip what lies above the highest position remembered and outside the batch in flight:
+ * positions committed out of order (an older transaction's events late from another partition)
+ * are still found below it, and positions between two in flight are looked up too. */
+static void duplicates_found_below_the_highest_position(void **state) {
+    (void)state;
+    ces_order_t *o = ces_order_new(100);
+    ces_batch_t batch = {0};
+    uint32_t order[] = {9, 3};
+    for (size_t i = 0; i < 2; i++) {
+        ces_item_t it = item(order[i], 1, 1, (int32_t)i, 1);
+        assert_int_equal(ces_order_add(o, &it), CES_ORDER_HELD);
+        assert_int_equal(ces_order_pop_oldest(o, &batch), 1);
+        ces_order_committed(o, &batch);
+        ces_batch_clear(&batch);
+    }
+    ces_item_t dup3 = item(3, 1, 1, 2, 5), dup9 = item(9, 1, 1, 2, 6), new5 = item(5, 1, 1, 2, 7),
+               new10 = item(10, 1, 1, 2, 8);
+    assert_int_equal(ces_order_add(o, &dup3), CES_ORDER_DUPLICATE);
+    assert_int_equal(ces_order_add(o, &dup9), CES_ORDER_DUPLICATE);
+    assert_int_equal(ces_order_add(o, &new5), CES_ORDER_HELD);
+    assert_int_equal(ces_order_add(o, &new10), CES_ORDER_HELD);
+    assert_int_equal(ces_order_pop_oldest(o, &batch), 1);
+    assert_int_equal(ces_order_pop_oldest(o, &batch), 1);
+    assert_int_equal(ces_order_set_in_flight(o, &batch), 0);
+    ces_item_t fly5 = item(5, 1, 1, 3, 1), fly10 = item(10, 1, 1, 3, 2), new7 = item(7, 1, 1, 3, 3),
+               new11 = item(11, 1, 1, 3, 4);
+    assert_int_equal(ces_order_add(o, &fly5), CES_ORDER_DUPLICATE);
+    assert_int_equal(ces_order_add(o, &fly10), CES_ORDER_DUPLICATE);
+    assert_int_equal(ces_order_add(o, &new7), CES_ORDER_HELD);
+    assert_int_equal(ces_order_add(o, &new11), CES_ORDER_HELD);
+    assert_int_equal(ces_order_duplicates(o), 4);
+    ces_order_clear_in_flight(o);
+    ces_order_committed(o, &batch);
+    ces_batch_clear(&batch);
+    ces_item_t late10 = item(10, 1, 1, 0, 9);
+    assert_int_equal(ces_order_add(o, &late10), CES_ORDER_DUPLICATE);
+    ces_batch_free(&batch);
+    ces_order_destroy(o);
+}
+
 static bool partition_one(void *arg, const ces_source_t *source) {
     (void)arg;
     return source->partition == 1 && strcmp(source->topic, "ces") == 0;
@@ -337,6 +377,7 @@ int main(void) {
         cmocka_unit_test(pending_bytes_follow_the_arenas),
         cmocka_unit_test(in_flight_positions_are_duplicates),
         cmocka_unit_test(dedup_window_survives_churn),
+        cmocka_unit_test(duplicates_found_below_the_highest_position),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
