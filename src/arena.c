@@ -20,7 +20,12 @@ struct ces_arena_s {
     size_t footprint;
     size_t block_size;
     size_t first_block_size; /* as created: what a reset after a huge use goes back to */
+    arena_block_t *whole;    /* ces_arena_new_whole: the first block, part of this allocation */
 };
+
+/* Where a whole arena's first block starts in its allocation. */
+#define WHOLE_OFFSET                                                                               \
+    ((sizeof(ces_arena_t) + _Alignof(arena_block_t) - 1) & ~(_Alignof(arena_block_t) - 1))
 
 ces_arena_t *ces_arena_new_sized(size_t first_block) {
     ces_arena_t *a = calloc(1, sizeof(ces_arena_t));
@@ -45,15 +50,40 @@ void ces_arena_reset(ces_arena_t *arena) {
     while (b != NULL) {
         arena_block_t *next = b->next;
         total += b->size;
-        free(b);
+        if (b != arena->whole)
+            free(b);
         b = next;
     }
     arena->head = NULL;
     arena->footprint = 0;
     arena->block_size = total > ARENA_MAX_REUSED ? arena->first_block_size : total;
+    if (arena->whole != NULL) {
+        /* It goes with the arena: it stays, and the next use starts in it. */
+        arena->head = arena->whole;
+        arena->whole->next = NULL;
+        arena->whole->used = 0;
+        arena->footprint = WHOLE_OFFSET + sizeof(arena_block_t) + arena->whole->size;
+    }
 }
 
 ces_arena_t *ces_arena_new(void) { return ces_arena_new_sized(ARENA_BLOCK_SIZE); }
+
+ces_arena_t *ces_arena_new_whole(size_t first_block) {
+    size_t size = (first_block + (ARENA_ALIGN - 1)) & ~(size_t)(ARENA_ALIGN - 1);
+    if (size < first_block || size > SIZE_MAX - WHOLE_OFFSET - sizeof(arena_block_t))
+        return NULL;
+    ces_arena_t *a = malloc(WHOLE_OFFSET + sizeof(arena_block_t) + size);
+    if (a == NULL)
+        return NULL;
+    arena_block_t *b = (arena_block_t *)((unsigned char *)a + WHOLE_OFFSET);
+    b->next = NULL;
+    b->size = size;
+    b->used = 0;
+    a->head = a->whole = b;
+    a->footprint = WHOLE_OFFSET + sizeof(arena_block_t) + size;
+    a->block_size = a->first_block_size = size < 256 ? 256 : size;
+    return a;
+}
 
 void ces_arena_destroy(ces_arena_t *arena) {
     if (arena == NULL)
@@ -61,7 +91,8 @@ void ces_arena_destroy(ces_arena_t *arena) {
     arena_block_t *b = arena->head;
     while (b != NULL) {
         arena_block_t *next = b->next;
-        free(b);
+        if (b != arena->whole)
+            free(b);
         b = next;
     }
     free(arena);

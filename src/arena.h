@@ -16,6 +16,10 @@ ces_arena_t *ces_arena_new(void);
 /* The same, with blocks of about first_block bytes: an event's arena is sized to its record so that
  * thousands of held events do not each pin a mostly empty default block. */
 ces_arena_t *ces_arena_new_sized(size_t first_block);
+/* The same, with its first block of first_block bytes made at once, in the arena's own allocation:
+ * for an arena sized for exactly what it will hold (a held event and its record), which then costs
+ * one malloc. */
+ces_arena_t *ces_arena_new_whole(size_t first_block);
 /* Frees the arena and everything allocated from it. Accepts NULL. */
 void ces_arena_destroy(ces_arena_t *arena);
 

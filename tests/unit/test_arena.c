@@ -81,12 +81,39 @@ static void sized_arena_takes_one_block(void **state) {
     ces_arena_destroy(a);
 }
 
+/* A whole arena's first block comes with it: what fits takes no other allocation, what does not
+ * gets blocks of its own (freed by a reset, which keeps the first), and destroy frees all (the
+ * sanitizer build checks that nothing leaks). */
+static void whole_arena_keeps_its_block(void **state) {
+    (void)state;
+    ces_arena_t *a = ces_arena_new_whole(1000);
+    assert_non_null(a);
+    size_t whole = ces_arena_footprint(a);
+    assert_true(whole >= 1008 && whole < 1008 + 128);
+    char *record = ces_arena_alloc(a, 700);
+    char *event = ces_arena_alloc(a, 300);
+    assert_non_null(record);
+    assert_non_null(event);
+    assert_int_equal(ces_arena_footprint(a), whole);
+    memset(record, 'r', 700);
+    memset(event, 'e', 300);
+    fill(a, 30, 100);
+    assert_true(ces_arena_footprint(a) > whole);
+    ces_arena_reset(a);
+    assert_int_equal(ces_arena_footprint(a), whole);
+    assert_ptr_equal(ces_arena_alloc(a, 700), record);
+    fill(a, 30, 100);
+    ces_arena_destroy(a);
+    assert_null(ces_arena_new_whole((size_t)-8));
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(reset_keeps_a_single_block),
         cmocka_unit_test(reset_merges_blocks_into_one),
         cmocka_unit_test(reset_does_not_keep_a_huge_block),
         cmocka_unit_test(sized_arena_takes_one_block),
+        cmocka_unit_test(whole_arena_keeps_its_block),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
