@@ -257,7 +257,7 @@ static ces_bulk_status_t key_generation(ces_bulk_t *b, const ces_catalog_desc_t 
             memcpy(b->key + kl + sizeof(len), values[key_slots[k]], len);
         kl += sizeof(len) + len;
     }
-    if (b->keys == NULL && (b->keys = ces_map_new()) == NULL)
+    if (b->keys == NULL && (b->keys = ces_map_new_scratch()) == NULL)
         return CES_BULK_NOMEM;
     uintptr_t gen = (uintptr_t)ces_map_get(b->keys, b->key, kl);
     if (gen >= CES_BULK_MAX_GENERATIONS) {

@@ -5,6 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "arena.h"
+
 typedef struct {
     char *key; /* NULL: empty slot */
     size_t len;
@@ -16,6 +18,7 @@ struct ces_map_s {
     slot_t *slots;
     size_t capacity; /* a power of two */
     size_t count;
+    ces_arena_t *keys; /* ces_map_new_scratch: where the key copies are */
 };
 
 static uint64_t hash_bytes(const char *key, size_t len) {
@@ -40,22 +43,35 @@ ces_map_t *ces_map_new(void) {
     return m;
 }
 
+ces_map_t *ces_map_new_scratch(void) {
+    ces_map_t *m = ces_map_new();
+    if (m != NULL && (m->keys = ces_arena_new()) == NULL) {
+        ces_map_destroy(m);
+        return NULL;
+    }
+    return m;
+}
+
 void ces_map_clear(ces_map_t *map, void (*fn)(void *value, void *arg), void *arg) {
     for (size_t i = 0; i < map->capacity; i++) {
         if (map->slots[i].key != NULL) {
             if (fn != NULL)
                 fn(map->slots[i].value, arg);
-            free(map->slots[i].key);
+            if (map->keys == NULL)
+                free(map->slots[i].key);
             map->slots[i].key = NULL;
         }
     }
     map->count = 0;
+    if (map->keys != NULL)
+        ces_arena_reset(map->keys);
 }
 
 void ces_map_destroy(ces_map_t *map) {
     if (map == NULL)
         return;
     ces_map_clear(map, NULL, NULL);
+    ces_arena_destroy(map->keys);
     free(map->slots);
     free(map);
 }
@@ -97,11 +113,14 @@ int ces_map_put(ces_map_t *map, const char *key, size_t len, void *value) {
     uint64_t h = hash_bytes(key, len);
     slot_t *s = find_slot(map->slots, map->capacity, key, len, h);
     if (s->key == NULL) {
-        s->key = malloc(len + 1);
+        if (map->keys != NULL) {
+            s->key = ces_arena_strndup(map->keys, key, len);
+        } else if ((s->key = malloc(len + 1)) != NULL) {
+            memcpy(s->key, key, len);
+            s->key[len] = '\0';
+        }
         if (s->key == NULL)
             return -1;
-        memcpy(s->key, key, len);
-        s->key[len] = '\0';
         s->len = len;
         s->hash = h;
         map->count++;
@@ -115,7 +134,8 @@ void *ces_map_remove(ces_map_t *map, const char *key, size_t len) {
     if (s->key == NULL)
         return NULL;
     void *value = s->value;
-    free(s->key);
+    if (map->keys == NULL)
+        free(s->key);
     s->key = NULL;
     map->count--;
     /* Backward-shift deletion: move later entries of the probe run into the hole when their home

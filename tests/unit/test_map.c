@@ -2,9 +2,14 @@
 
 #include "map.h"
 
+/* The tests of put, get, grow and remove run on both kinds of map (state: its constructor). */
+typedef ces_map_t *(*map_maker_t)(void);
+static map_maker_t plain = ces_map_new, scratch = ces_map_new_scratch;
+
+static ces_map_t *make(void **state) { return (*(map_maker_t *)*state)(); }
+
 static void put_get_grow(void **state) {
-    (void)state;
-    ces_map_t *m = ces_map_new();
+    ces_map_t *m = make(state);
     assert_non_null(m);
     char key[32];
     for (uintptr_t i = 1; i <= 5000; i++) {
@@ -27,8 +32,7 @@ static void put_get_grow(void **state) {
 }
 
 static void remove_keeps_others_findable(void **state) {
-    (void)state;
-    ces_map_t *m = ces_map_new();
+    ces_map_t *m = make(state);
     char key[32];
     for (uintptr_t i = 1; i <= 3000; i++) {
         int n = snprintf(key, sizeof(key), "k%lu", (unsigned long)i);
@@ -47,6 +51,39 @@ static void remove_keeps_others_findable(void **state) {
             assert_null(v);
         else
             assert_true((uintptr_t)v == i);
+    }
+    ces_map_destroy(m);
+}
+
+/* A scratch map is emptied and filled again many times (its key arena reset each time): every
+ * round finds its own keys and none of the last round's. */
+static void scratch_map_is_refilled(void **state) {
+    (void)state;
+    ces_map_t *m = ces_map_new_scratch();
+    assert_non_null(m);
+    char key[32];
+    for (uintptr_t round = 0; round < 20; round++) {
+        for (uintptr_t i = 0; i < 500; i++) {
+            int n = snprintf(key, sizeof(key), "r%lu-k%lu", (unsigned long)round, (unsigned long)i);
+            assert_int_equal(ces_map_put(m, key, (size_t)n, (void *)(round * 1000 + i + 1)), 0);
+        }
+        int n = snprintf(key, sizeof(key), "r%lu-k7", (unsigned long)round);
+        assert_true((uintptr_t)ces_map_remove(m, key, (size_t)n) == round * 1000 + 8);
+        assert_int_equal(ces_map_count(m), 499);
+        for (uintptr_t i = 0; i < 500; i++) {
+            n = snprintf(key, sizeof(key), "r%lu-k%lu", (unsigned long)round, (unsigned long)i);
+            void *v = ces_map_get(m, key, (size_t)n);
+            if (i == 7)
+                assert_null(v);
+            else
+                assert_true((uintptr_t)v == round * 1000 + i + 1);
+        }
+        if (round > 0) {
+            n = snprintf(key, sizeof(key), "r%lu-k1", (unsigned long)(round - 1));
+            assert_null(ces_map_get(m, key, (size_t)n));
+        }
+        ces_map_clear(m, NULL, NULL);
+        assert_int_equal(ces_map_count(m), 0);
     }
     ces_map_destroy(m);
 }
@@ -72,8 +109,13 @@ static void key_joins_parts_and_is_cut_to_fit(void **state) {
 }
 
 int main(void) {
-    const struct CMUnitTest tests[] = {cmocka_unit_test(put_get_grow),
-                                       cmocka_unit_test(remove_keeps_others_findable),
-                                       cmocka_unit_test(key_joins_parts_and_is_cut_to_fit)};
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_prestate(put_get_grow, &plain),
+        cmocka_unit_test_prestate(put_get_grow, &scratch),
+        cmocka_unit_test_prestate(remove_keeps_others_findable, &plain),
+        cmocka_unit_test_prestate(remove_keeps_others_findable, &scratch),
+        cmocka_unit_test(scratch_map_is_refilled),
+        cmocka_unit_test(key_joins_parts_and_is_cut_to_fit),
+    };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
