@@ -13,6 +13,9 @@ typedef struct {
     size_t bytes; /* the items' arenas */
 } txn_t;
 
+#define ORDER_SPARE_TXNS 64
+#define ORDER_SPARE_ITEMS 64 /* a spare keeps an item array of at most this many */
+
 /* A binary min-heap of offsets. */
 typedef struct {
     int64_t *v;
@@ -59,6 +62,10 @@ struct ces_order_s {
     ces_position_t *flight;
     size_t nflight;
     size_t flight_capacity;
+    /* Transactions released empty, kept with their item arrays for the next ones: a transaction
+     * of a few events cost three allocations. */
+    txn_t *spare_txns[ORDER_SPARE_TXNS];
+    size_t nspare_txns;
 };
 
 static int heap_push(heap_t *h, int64_t x) {
@@ -168,6 +175,18 @@ static void txn_free(txn_t *t) {
     free(t);
 }
 
+/* A transaction whose items have all left (their arenas are theirs): kept as a spare, or freed. */
+static void txn_spent(ces_order_t *o, txn_t *t) {
+    if (o->nspare_txns < ORDER_SPARE_TXNS && t->capacity <= ORDER_SPARE_ITEMS) {
+        t->count = 0;
+        t->bytes = 0;
+        o->spare_txns[o->nspare_txns++] = t;
+        return;
+    }
+    free(t->items);
+    free(t);
+}
+
 /* 1: every record of item is from a source pred picks, 0: none is, -1: some are. */
 static int item_picked(const ces_item_t *item, ces_source_pred_t pred, void *arg) {
     size_t n = 0;
@@ -238,6 +257,8 @@ void ces_order_destroy(ces_order_t *o) {
     if (o == NULL)
         return;
     drop_held(o);
+    for (size_t i = 0; i < o->nspare_txns; i++)
+        txn_free(o->spare_txns[i]);
     free(o->parts);
     free(o->txns);
     free(o->ring);
@@ -380,7 +401,7 @@ static txn_t *find_or_insert(ces_order_t *o, ces_lsn_t lsn) {
             o->capacity = cap;
         }
     }
-    txn_t *t = calloc(1, sizeof(*t));
+    txn_t *t = o->nspare_txns > 0 ? o->spare_txns[--o->nspare_txns] : calloc(1, sizeof(*t));
     if (t == NULL)
         return NULL;
     t->lsn = lsn;
@@ -469,8 +490,8 @@ long ces_order_pop_oldest(ces_order_t *o, ces_batch_t *batch) {
         o->bytes -= bytes;
     }
     o->events -= t->count;
-    free(t->items);
-    free(t);
+    t->count = 0;
+    txn_spent(o, t);
     o->head++;
     o->count--;
     if (o->count == 0)
