@@ -375,6 +375,7 @@ static const char *path_text(const walk_t *w, char *buf, size_t size) {
 static ces_avro_status_t text_node(walk_t *w, ces_json_type_t type, const void *p, size_t len,
                                    ces_json_t *out) {
     out->type = type;
+    out->may_hold_nul = type == CES_JSON_STRING;
     out->text = ces_arena_strndup(w->arena, p, len);
     if (out->text == NULL)
         return CES_AVRO_NOMEM;

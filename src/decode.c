@@ -81,7 +81,9 @@ void ces_decoder_destroy(ces_decoder_t *decoder) {
         return CES_DECODE_REJECTED;                                                                \
     } while (0)
 
-static bool has_nul(const ces_json_t *v) { return memchr(v->text, '\0', v->text_len) != NULL; }
+static bool has_nul(const ces_json_t *v) {
+    return v->may_hold_nul && memchr(v->text, '\0', v->text_len) != NULL;
+}
 
 /* A string attribute: absent is allowed when !required; any other type is rejected. (Inline, like
  * the two below, so that ces_json_get sees the literal key and its length is a constant.) */

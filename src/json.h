@@ -30,6 +30,9 @@ typedef struct ces_json_s ces_json_t;
 struct ces_json_s {
     ces_json_type_t type;
     bool boolean;
+    /* STRING: false when the text cannot hold a NUL (it had no escapes, and JSON allows no raw
+     * control characters), so callers that refuse NULs need not look for one. */
+    bool may_hold_nul;
     const char *text; /* STRING and NUMBER: NUL-terminated copy; may contain NULs, see text_len */
     size_t text_len;
     size_t count;               /* ARRAY items or OBJECT members */

@@ -337,6 +337,10 @@ static void in_place_strings_point_into_the_text(void **state) {
     assert_true(m[1].value.text < text || m[1].value.text >= text + len);
     assert_memory_equal(m[1].value.text, "a\"b", 4);
     assert_memory_equal(text + 18, "a\\\"b\"", 5);
+    /* Only a copy (from escapes) may hold a NUL: one in place cannot, so no one looks. */
+    assert_false(m[0].value.may_hold_nul);
+    assert_true(m[1].value.may_hold_nul);
+    assert_false(m[2].value.may_hold_nul);
     /* Empty names and values, and numbers (yajl reads past them and looks again). */
     assert_string_equal(m[2].key, "");
     assert_string_equal(m[2].value.text, "");
