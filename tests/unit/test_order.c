@@ -280,6 +280,17 @@ static void dedup_window_survives_churn(void **state) {
     ces_order_destroy(o);
 }
 
+/* Adds events at VLFs vlfs[0..4) (sequence 1) from partition, each expected to be want[i]. */
+static void add_expecting(ces_order_t *o, int32_t partition, const uint32_t *vlfs,
+                          const ces_order_status_t *want) {
+    for (size_t i = 0; i < 4; i++) {
+        ces_item_t it = item(vlfs[i], 1, 1, partition, (int64_t)i + 1);
+        if (ces_order_add(o, &it) != want[i])
+            fail_msg("the event at VLF %u was not %s", (unsigned)vlfs[i],
+                     want[i] == CES_ORDER_HELD ? "held" : "a duplicate");
+    }
+}
+
 /* Lookups skip what lies above the highest position remembered and outside the batch in flight:
  * positions committed out of order (an older transaction's events late from another partition)
  * are still found below it, and positions between two in flight are looked up too. */
@@ -295,21 +306,17 @@ static void duplicates_found_below_the_highest_position(void **state) {
         ces_order_committed(o, &batch);
         ces_batch_clear(&batch);
     }
-    ces_item_t dup3 = item(3, 1, 1, 2, 5), dup9 = item(9, 1, 1, 2, 6), new5 = item(5, 1, 1, 2, 7),
-               new10 = item(10, 1, 1, 2, 8);
-    assert_int_equal(ces_order_add(o, &dup3), CES_ORDER_DUPLICATE);
-    assert_int_equal(ces_order_add(o, &dup9), CES_ORDER_DUPLICATE);
-    assert_int_equal(ces_order_add(o, &new5), CES_ORDER_HELD);
-    assert_int_equal(ces_order_add(o, &new10), CES_ORDER_HELD);
+    /* Committed 9 then 3: copies of both are found, 5 and 10 are new. */
+    add_expecting(o, 2, (const uint32_t[]){3, 9, 5, 10},
+                  (const ces_order_status_t[]){CES_ORDER_DUPLICATE, CES_ORDER_DUPLICATE,
+                                               CES_ORDER_HELD, CES_ORDER_HELD});
     assert_int_equal(ces_order_pop_oldest(o, &batch), 1);
     assert_int_equal(ces_order_pop_oldest(o, &batch), 1);
+    /* 5 and 10 in flight: copies of both are found, 7 (between them) and 11 are new. */
     assert_int_equal(ces_order_set_in_flight(o, &batch), 0);
-    ces_item_t fly5 = item(5, 1, 1, 3, 1), fly10 = item(10, 1, 1, 3, 2), new7 = item(7, 1, 1, 3, 3),
-               new11 = item(11, 1, 1, 3, 4);
-    assert_int_equal(ces_order_add(o, &fly5), CES_ORDER_DUPLICATE);
-    assert_int_equal(ces_order_add(o, &fly10), CES_ORDER_DUPLICATE);
-    assert_int_equal(ces_order_add(o, &new7), CES_ORDER_HELD);
-    assert_int_equal(ces_order_add(o, &new11), CES_ORDER_HELD);
+    add_expecting(o, 3, (const uint32_t[]){5, 10, 7, 11},
+                  (const ces_order_status_t[]){CES_ORDER_DUPLICATE, CES_ORDER_DUPLICATE,
+                                               CES_ORDER_HELD, CES_ORDER_HELD});
     assert_int_equal(ces_order_duplicates(o), 4);
     ces_order_clear_in_flight(o);
     ces_order_committed(o, &batch);
