@@ -305,6 +305,65 @@ static void trusted_utf8(void **state) {
     ces_json_parser_destroy(p);
 }
 
+/* The definition the validator must match, written the slow way: decode the code point, then
+ * refuse overlong forms, surrogates and anything past U+10FFFF. Returns the sequence's length at
+ * s (1..4), or 0. */
+static size_t oracle_sequence(const unsigned char *s, size_t avail) {
+    unsigned char c = s[0];
+    size_t n;
+    uint32_t cp;
+    if (c < 0x80)
+        return 1;
+    if (c >= 0xC0 && c <= 0xDF)
+        n = 1, cp = c & 0x1F;
+    else if (c >= 0xE0 && c <= 0xEF)
+        n = 2, cp = c & 0x0F;
+    else if (c >= 0xF0 && c <= 0xF7)
+        n = 3, cp = c & 0x07;
+    else
+        return 0;
+    if (avail - 1 < n)
+        return 0;
+    for (size_t k = 1; k <= n; k++) {
+        if ((s[k] & 0xC0) != 0x80)
+            return 0;
+        cp = (cp << 6) | (s[k] & 0x3F);
+    }
+    static const uint32_t least[] = {0, 0x80, 0x800, 0x10000};
+    if (cp < least[n] || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF))
+        return 0;
+    return n + 1;
+}
+
+static size_t oracle_check(const unsigned char *s, size_t len) {
+    for (size_t i = 0; i < len;) {
+        size_t n = oracle_sequence(s + i, len - i);
+        if (n == 0)
+            return i;
+        i += n;
+    }
+    return len;
+}
+
+/* buf[0..len) after an ASCII prefix of pre bytes, so that the sequence is seen both by the
+ * byte-by-byte path and at every place in an eight-byte word. */
+static void compare_with_oracle(const unsigned char *seq, size_t len) {
+    unsigned char buf[32];
+    for (size_t pre = 0; pre < 9; pre++) {
+        memset(buf, 'a', pre);
+        memcpy(buf + pre, seq, len);
+        memset(buf + pre + len, 'z', 9);
+        for (size_t total = pre + len; total <= pre + len + 9; total += 9) {
+            size_t want = oracle_check(buf, total);
+            size_t got = ces_utf8_check((const char *)buf, total);
+            if (got != want)
+                fail_msg("%02x %02x %02x %02x (%zu bytes after %zu): %zu, not %zu", seq[0],
+                         len > 1 ? seq[1] : 0, len > 2 ? seq[2] : 0, len > 3 ? seq[3] : 0, len,
+                         pre, got, want);
+        }
+    }
+}
+
 static void utf8_validator(void **state) {
     (void)state;
     assert_true(ces_utf8_valid("", 0));
@@ -312,6 +371,54 @@ static void utf8_validator(void **state) {
     assert_true(ces_utf8_valid("\xf4\x8f\xbf\xbf", 4)); /* U+10FFFF */
     assert_false(ces_utf8_valid("abcdefgh\x80", 9));
     assert_false(ces_utf8_valid("\xf8\x88\x80\x80\x80", 5));
+    assert_false(ces_utf8_valid("\xed\xa0\x80", 3)); /* a surrogate */
+    assert_false(ces_utf8_valid("\xe0\x9f\xbf", 3)); /* overlong */
+    assert_false(ces_utf8_valid("\xf4\x90\x80\x80", 4)); /* past U+10FFFF */
+    /* Every sequence of one to three bytes, and every four-byte one whose last two bytes are at
+     * the edges of the continuation range, against the definition. */
+    unsigned char seq[4];
+    for (unsigned a = 0; a < 256; a++) {
+        seq[0] = (unsigned char)a;
+        compare_with_oracle(seq, 1);
+        for (unsigned b = 0; b < 256; b++) {
+            seq[1] = (unsigned char)b;
+            compare_with_oracle(seq, 2);
+            if (a < 0xE0 || a > 0xF7)
+                continue;
+            for (unsigned c = 0; c < 256; c++) {
+                seq[2] = (unsigned char)c;
+                if (a < 0xF0) {
+                    compare_with_oracle(seq, 3);
+                    continue;
+                }
+                static const unsigned char edges[] = {0x7F, 0x80, 0xBF, 0xC0};
+                if (memchr(edges, (int)c, sizeof(edges)) == NULL)
+                    continue;
+                for (size_t e = 0; e < sizeof(edges); e++) {
+                    seq[3] = edges[e];
+                    compare_with_oracle(seq, 4);
+                }
+            }
+        }
+    }
+    /* Long mixed text, valid and then spoiled at every position. */
+    unsigned char text[200];
+    size_t n = 0;
+    const char *pieces[] = {"abc ", "\xc3\xa9", "\xe6\x9d\xb1", "\xf0\x9f\x98\x80", "0123456789"};
+    for (size_t k = 0; n + 10 < sizeof(text); k = (k * 7 + 3) % 5) {
+        size_t plen = strlen(pieces[k]);
+        memcpy(text + n, pieces[k], plen);
+        n += plen;
+    }
+    assert_int_equal(ces_utf8_check((const char *)text, n), n);
+    for (size_t at = 0; at < n; at++) {
+        unsigned char saved = text[at];
+        text[at] = 0xFF;
+        assert_int_equal(ces_utf8_check((const char *)text, n), oracle_check(text, n));
+        text[at] = 0x80;
+        assert_int_equal(ces_utf8_check((const char *)text, n), oracle_check(text, n));
+        text[at] = saved;
+    }
 }
 
 /* In place, strings without escapes are the text's own bytes, ended where their quote was;
