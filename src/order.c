@@ -280,6 +280,20 @@ static bool position_equal(const ces_position_t *a, const ces_position_t *b) {
 
 static int by_position(const void *a, const void *b) { return ces_position_compare(a, b); }
 
+/* Sorts n elements of size bytes unless they already are in order, as they nearly always are (a
+ * batch's positions come in release order, a transaction's events mostly in sequence order):
+ * glibc's qsort would sort them anyway, and take a malloc for it. */
+static void sort_unless_sorted(void *base, size_t n, size_t size,
+                               int (*compare)(const void *, const void *)) {
+    const unsigned char *p = base;
+    for (size_t i = 1; i < n; i++) {
+        if (compare(p + (i - 1) * size, p + i * size) > 0) {
+            qsort(base, n, size, compare);
+            return;
+        }
+    }
+}
+
 static bool seen(const ces_order_t *o, const ces_position_t *p) {
     if (o->ring_size == 0)
         return false;
@@ -358,7 +372,7 @@ int ces_order_set_in_flight(ces_order_t *o, const ces_batch_t *batch) {
             o->flight[o->nflight++] = batch->items[i].event.position;
     }
     if (o->nflight > 1) /* a batch of positions only has no events (and may have no array) */
-        qsort(o->flight, o->nflight, sizeof(ces_position_t), by_position);
+        sort_unless_sorted(o->flight, o->nflight, sizeof(ces_position_t), by_position);
     return 0;
 }
 
@@ -467,7 +481,7 @@ long ces_order_pop_oldest(ces_order_t *o, ces_batch_t *batch) {
     if (o->count == 0)
         return 0;
     txn_t *t = o->txns[o->head];
-    qsort(t->items, t->count, sizeof(ces_item_t), by_sequence);
+    sort_unless_sorted(t->items, t->count, sizeof(ces_item_t), by_sequence);
     long moved = 0;
     for (size_t i = 0; i < t->count; i++) {
         ces_item_t *src = &t->items[i];

@@ -323,6 +323,16 @@ static void duplicates_found_below_the_highest_position(void **state) {
     ces_batch_clear(&batch);
     ces_item_t late10 = item(10, 1, 1, 0, 9);
     assert_int_equal(ces_order_add(o, &late10), CES_ORDER_DUPLICATE);
+    /* A batch in flight whose positions are not in order (made by hand here) is sorted first. */
+    ces_item_t b20 = item(20, 1, 1, 0, 20), b15 = item(15, 1, 1, 0, 21);
+    assert_int_equal(ces_batch_push(&batch, &b20), 0);
+    assert_int_equal(ces_batch_push(&batch, &b15), 0);
+    assert_int_equal(ces_order_set_in_flight(o, &batch), 0);
+    add_expecting(o, 1, (const uint32_t[]){20, 15, 17, 21},
+                  (const ces_order_status_t[]){CES_ORDER_DUPLICATE, CES_ORDER_DUPLICATE,
+                                               CES_ORDER_HELD, CES_ORDER_HELD});
+    ces_order_clear_in_flight(o);
+    ces_batch_clear(&batch);
     ces_batch_free(&batch);
     ces_order_destroy(o);
 }
