@@ -22,8 +22,12 @@ int ces_batch_push(ces_batch_t *batch, const ces_item_t *item) {
     if (dst == NULL)
         return -1;
     *dst = *item;
-    batch->bytes += ces_arena_footprint(item->arena);
+    batch->bytes += ces_item_bytes(item);
     return 0;
+}
+
+size_t ces_item_bytes(const ces_item_t *item) {
+    return ces_arena_footprint(item->arena) + sizeof(*item);
 }
 
 int ces_batch_set_offset(ces_batch_t *batch, const ces_offset_update_t *update) {

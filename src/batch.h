@@ -95,7 +95,7 @@ typedef struct {
     ces_item_t *items;
     size_t count;
     size_t capacity;
-    size_t bytes; /* the items' arenas, as ces_batch_push counted them (memory accounting) */
+    size_t bytes; /* the items' memory, as ces_batch_push counted it (ces_item_bytes) */
     ces_offset_update_t *offsets;
     size_t noffsets;
     size_t offsets_capacity;
@@ -110,9 +110,12 @@ typedef struct {
 
 /* Appends an empty item and returns it, or NULL when out of memory. The batch owns the array. */
 ces_item_t *ces_batch_add(ces_batch_t *batch);
-/* Appends a copy of item and counts its arena in batch->bytes; the batch takes the arena. Returns 0,
- * or -1 when out of memory (the arena is still the caller's). */
+/* Appends a copy of item and counts its memory in batch->bytes; the batch takes the arena. Returns
+ * 0, or -1 when out of memory (the arena is still the caller's). */
 int ces_batch_push(ces_batch_t *batch, const ces_item_t *item);
+/* The memory an item holds while it waits, as the byte limits count it: its arena and the item
+ * itself (held in an array). A narrow event's item is a quarter of what its arena holds. */
+size_t ces_item_bytes(const ces_item_t *item);
 /* Appends or replaces the stored position for (topic, partition). Returns 0, or -1 (no memory). */
 int ces_batch_set_offset(ces_batch_t *batch, const ces_offset_update_t *update);
 

@@ -214,7 +214,7 @@ long ces_order_drop_sources(ces_order_t *o, ces_source_pred_t pred, void *arg) {
                 t->items[kept++] = *item;
                 continue;
             }
-            size_t bytes = ces_arena_footprint(item->arena);
+            size_t bytes = ces_item_bytes(item);
             track_offsets(o, item, false);
             ces_arena_destroy(item->arena);
             t->bytes -= bytes;
@@ -450,7 +450,7 @@ ces_order_status_t ces_order_add(ces_order_t *o, const ces_item_t *item) {
     }
     t->items[t->count++] = *item;
     o->events++;
-    size_t bytes = ces_arena_footprint(item->arena);
+    size_t bytes = ces_item_bytes(item);
     t->bytes += bytes;
     o->bytes += bytes;
     track_offsets(o, item, true);
@@ -485,7 +485,7 @@ long ces_order_pop_oldest(ces_order_t *o, ces_batch_t *batch) {
     long moved = 0;
     for (size_t i = 0; i < t->count; i++) {
         ces_item_t *src = &t->items[i];
-        size_t bytes = ces_arena_footprint(src->arena);
+        size_t bytes = ces_item_bytes(src);
         if (seen(o, &src->event.position)) {
             track_offsets(o, src, false);
             o->duplicates++;

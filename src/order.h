@@ -69,7 +69,7 @@ long ces_order_drop_sources(ces_order_t *order, ces_source_pred_t pred, void *ar
 void ces_order_reset(ces_order_t *order);
 
 size_t ces_order_pending_events(const ces_order_t *order);
-/* Memory of the held events (their arenas). */
+/* Memory of the held events (ces_item_bytes: their arenas and items). */
 size_t ces_order_pending_bytes(const ces_order_t *order);
 size_t ces_order_pending_transactions(const ces_order_t *order);
 uint64_t ces_order_duplicates(const ces_order_t *order);

@@ -129,8 +129,8 @@ static void pending_bytes_follow_the_arenas(void **state) {
                dup = item(1, 100, 1, 1, 2);
     assert_non_null(ces_arena_alloc(a1.arena, 100000));
     assert_non_null(ces_arena_alloc(b1.arena, 300000));
-    size_t fa1 = ces_arena_footprint(a1.arena), fa2 = ces_arena_footprint(a2.arena),
-           fb1 = ces_arena_footprint(b1.arena);
+    size_t fa1 = ces_item_bytes(&a1), fa2 = ces_item_bytes(&a2),
+           fb1 = ces_item_bytes(&b1);
     assert_true(fa1 >= 100000 && fb1 >= 300000);
     assert_int_equal(ces_order_pending_bytes(o), 0);
     assert_int_equal(ces_order_add(o, &b1), CES_ORDER_HELD);

@@ -191,8 +191,8 @@ static void batch_full_by_bytes(void **state) {
     tick(p, WINDOW);
     assert_int_equal(ces_pipeline_batch_events(p), 4);
     assert_false(ces_loop_due(p, WINDOW));
-    size_t first = ces_arena_footprint(ces_pipeline_batch_item(p, 0)->arena) +
-                   ces_arena_footprint(ces_pipeline_batch_item(p, 1)->arena);
+    size_t first = ces_item_bytes(ces_pipeline_batch_item(p, 0)) +
+                   ces_item_bytes(ces_pipeline_batch_item(p, 1));
     ces_pipeline_destroy(p);
 
     /* Limited to the bytes of transaction 10: the batch stops after it. (Transaction 11 alone is
