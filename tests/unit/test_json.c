@@ -305,34 +305,33 @@ static void trusted_utf8(void **state) {
     ces_json_parser_destroy(p);
 }
 
-/* The definition the validator must match, written the slow way: decode the code point, then
- * refuse overlong forms, surrogates and anything past U+10FFFF. Returns the sequence's length at
- * s (1..4), or 0. */
+/* The definition the validator must match, in the Unicode standard's own terms (table 3-7, the
+ * well-formed byte sequences), where the validator decodes code points: the two must agree. Returns
+ * the sequence's length at s (1..4), or 0. */
 static size_t oracle_sequence(const unsigned char *s, size_t avail) {
-    unsigned char c = s[0];
-    size_t n;
-    uint32_t cp;
-    if (c < 0x80)
-        return 1;
-    if (c >= 0xC0 && c <= 0xDF)
-        n = 1, cp = c & 0x1F;
-    else if (c >= 0xE0 && c <= 0xEF)
-        n = 2, cp = c & 0x0F;
-    else if (c >= 0xF0 && c <= 0xF7)
-        n = 3, cp = c & 0x07;
-    else
-        return 0;
-    if (avail - 1 < n)
-        return 0;
-    for (size_t k = 1; k <= n; k++) {
-        if ((s[k] & 0xC0) != 0x80)
+    static const struct {
+        unsigned char first_lo, first_hi, second_lo, second_hi;
+        size_t len;
+    } table[] = {
+        {0x00, 0x7F, 0, 0, 1},       {0xC2, 0xDF, 0x80, 0xBF, 2}, {0xE0, 0xE0, 0xA0, 0xBF, 3},
+        {0xE1, 0xEC, 0x80, 0xBF, 3}, {0xED, 0xED, 0x80, 0x9F, 3}, {0xEE, 0xEF, 0x80, 0xBF, 3},
+        {0xF0, 0xF0, 0x90, 0xBF, 4}, {0xF1, 0xF3, 0x80, 0xBF, 4}, {0xF4, 0xF4, 0x80, 0x8F, 4},
+    };
+    for (size_t r = 0; r < sizeof(table) / sizeof(table[0]); r++) {
+        if (s[0] < table[r].first_lo || s[0] > table[r].first_hi)
+            continue;
+        size_t n = table[r].len;
+        if (avail < n)
             return 0;
-        cp = (cp << 6) | (s[k] & 0x3F);
+        if (n > 1 && (s[1] < table[r].second_lo || s[1] > table[r].second_hi))
+            return 0;
+        for (size_t k = 2; k < n; k++) {
+            if (s[k] < 0x80 || s[k] > 0xBF)
+                return 0;
+        }
+        return n;
     }
-    static const uint32_t least[] = {0, 0x80, 0x800, 0x10000};
-    if (cp < least[n] || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF))
-        return 0;
-    return n + 1;
+    return 0;
 }
 
 static size_t oracle_check(const unsigned char *s, size_t len) {
