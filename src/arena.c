@@ -27,14 +27,16 @@ struct ces_arena_s {
 #define WHOLE_OFFSET                                                                               \
     ((sizeof(ces_arena_t) + _Alignof(arena_block_t) - 1) & ~(_Alignof(arena_block_t) - 1))
 
+/* The size of an arena's blocks for a first block of about want bytes, within the usual bounds. */
+static size_t bounded_block_size(size_t want) {
+    return want < 256 ? 256 : want > ARENA_BLOCK_SIZE * 8 ? ARENA_BLOCK_SIZE * 8 : want;
+}
+
 ces_arena_t *ces_arena_new_sized(size_t first_block) {
     ces_arena_t *a = calloc(1, sizeof(ces_arena_t));
     if (a == NULL)
         return NULL;
-    a->block_size = first_block < 256                    ? 256
-                    : first_block > ARENA_BLOCK_SIZE * 8 ? ARENA_BLOCK_SIZE * 8
-                                                         : first_block;
-    a->first_block_size = a->block_size;
+    a->block_size = a->first_block_size = bounded_block_size(first_block);
     return a;
 }
 
@@ -81,7 +83,8 @@ ces_arena_t *ces_arena_new_whole(size_t first_block) {
     b->used = 0;
     a->head = a->whole = b;
     a->footprint = WHOLE_OFFSET + sizeof(arena_block_t) + size;
-    a->block_size = a->first_block_size = size < 256 ? 256 : size;
+    /* Should more be needed after all, it comes in blocks of the usual bounds. */
+    a->block_size = a->first_block_size = bounded_block_size(size);
     return a;
 }
 

@@ -10,7 +10,7 @@ typedef struct {
     ces_item_t *items;
     size_t count;
     size_t capacity;
-    size_t bytes; /* the items' arenas */
+    size_t bytes; /* the items' memory (ces_item_bytes) */
 } txn_t;
 
 #define ORDER_SPARE_TXNS 64

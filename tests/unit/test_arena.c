@@ -105,6 +105,14 @@ static void whole_arena_keeps_its_block(void **state) {
     fill(a, 30, 100);
     ces_arena_destroy(a);
     assert_null(ces_arena_new_whole((size_t)-8));
+    /* A large whole arena that turns out too small grows by blocks of the usual size, not of its
+     * own. */
+    a = ces_arena_new_whole(1u << 20);
+    assert_non_null(ces_arena_alloc(a, 1u << 20));
+    whole = ces_arena_footprint(a);
+    assert_non_null(ces_arena_alloc(a, 100));
+    assert_true(ces_arena_footprint(a) - whole <= 65536 + 128);
+    ces_arena_destroy(a);
 }
 
 int main(void) {
