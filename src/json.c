@@ -190,18 +190,15 @@ static int add_value(ces_json_parser_t *p, const ces_json_t *value) {
     return 1;
 }
 
-static const char *copy_text(ces_json_parser_t *p, const unsigned char *s, size_t len,
-                             bool *copied) {
+static const char *copy_text(ces_json_parser_t *p, const unsigned char *s, size_t len) {
     /* yajl hands over a string without escapes as a pointer into the text (unless the token was
      * split across input chunks, which one whole text never is), just before its closing quote;
      * it has read past that quote for good. The text was checked as a whole: no check again. */
     uintptr_t at = (uintptr_t)s;
     if (at >= p->text_begin && at < p->text_end && len < p->text_end - at && s[len] == '"') {
         ((unsigned char *)s)[len] = '\0';
-        *copied = false;
         return (const char *)s;
     }
-    *copied = true;
     /* At every layer: an escape may decode to a lone surrogate, even in text known valid. */
     if (memchr(s, 0xED, len) != NULL && !ces_utf8_valid((const char *)s, len)) {
         fail(p, "malformed JSON: a string escapes a lone UTF-16 surrogate (not valid UTF-8)");
@@ -237,7 +234,10 @@ static int on_number(void *ctx, const char *s, size_t len) {
 static int on_string(void *ctx, const unsigned char *s, size_t len) {
     ces_json_parser_t *p = ctx;
     ces_json_t v = {.type = CES_JSON_STRING, .text_len = len};
-    v.text = copy_text(p, s, len, &v.may_hold_nul);
+    v.text = copy_text(p, s, len);
+    /* A copy was decoded from escapes (or comes from a text not parsed in place): only it may
+     * hold a NUL. */
+    v.may_hold_nul = v.text != (const char *)s;
     return v.text != NULL && add_value(p, &v);
 }
 
@@ -288,8 +288,7 @@ static int on_end(void *ctx) { return close_container(ctx); }
 static int on_map_key(void *ctx, const unsigned char *key, size_t len) {
     ces_json_parser_t *p = ctx;
     frame_t *f = &p->frames[p->depth - 1];
-    bool copied;
-    f->pending_key = copy_text(p, key, len, &copied);
+    f->pending_key = copy_text(p, key, len);
     f->pending_key_len = len;
     return f->pending_key != NULL;
 }
