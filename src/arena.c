@@ -108,12 +108,8 @@ void *ces_arena_alloc(ces_arena_t *arena, size_t size) {
     arena_block_t *b = arena->head;
     if (b == NULL || b->size - b->used < rounded) {
         /* A large request gets a block of its own, placed behind the current one so the current
-         * block's free space is not wasted. The first block is never one of those: an arena sized
-         * for what it will hold (a held event and its record) then takes one allocation, not a
-         * block for the large record and a second, full-sized one for the rest. */
-        size_t want = b != NULL && rounded > arena->block_size / 2 ? rounded
-                      : rounded > arena->block_size                ? rounded
-                                                                   : arena->block_size;
+         * block's free space is not wasted. */
+        size_t want = rounded > arena->block_size / 2 ? rounded : arena->block_size;
         if (want > SIZE_MAX - sizeof(arena_block_t))
             return NULL;
         arena_block_t *nb = malloc(sizeof(arena_block_t) + want);

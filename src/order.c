@@ -224,7 +224,7 @@ long ces_order_drop_sources(ces_order_t *o, ces_source_pred_t pred, void *arg) {
         }
         t->count = kept;
         if (kept == 0)
-            txn_free(t);
+            txn_spent(o, t);
         else
             o->txns[o->head + kept_txns++] = t;
     }
@@ -504,7 +504,6 @@ long ces_order_pop_oldest(ces_order_t *o, ces_batch_t *batch) {
         o->bytes -= bytes;
     }
     o->events -= t->count;
-    t->count = 0;
     txn_spent(o, t);
     o->head++;
     o->count--;

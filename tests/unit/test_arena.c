@@ -61,26 +61,6 @@ static void reset_does_not_keep_a_huge_block(void **state) {
     ces_arena_destroy(NULL);
 }
 
-/* An arena sized for what it will hold holds it in one block, even when its first request is
- * more than half of that (a held event's record, then the event). */
-static void sized_arena_takes_one_block(void **state) {
-    (void)state;
-    ces_arena_t *a = ces_arena_new_sized(4096);
-    char *record = ces_arena_alloc(a, 3000);
-    assert_non_null(record);
-    size_t one_block = ces_arena_footprint(a);
-    assert_true(one_block >= 4096 && one_block < 4096 + 128);
-    char *event = ces_arena_alloc(a, 1000);
-    assert_non_null(event);
-    assert_int_equal(ces_arena_footprint(a), one_block);
-    assert_true(event >= record + 3000 && event + 1000 <= record + 4096);
-    /* Past the block, a large request still gets a block of its own. */
-    assert_non_null(ces_arena_alloc(a, 3000));
-    size_t own = ces_arena_footprint(a) - one_block;
-    assert_true(own >= 3000 && own < 3000 + 128);
-    ces_arena_destroy(a);
-}
-
 /* A whole arena's first block comes with it: what fits takes no other allocation, what does not
  * gets blocks of its own (freed by a reset, which keeps the first), and destroy frees all (the
  * sanitizer build checks that nothing leaks). */
@@ -120,7 +100,6 @@ int main(void) {
         cmocka_unit_test(reset_keeps_a_single_block),
         cmocka_unit_test(reset_merges_blocks_into_one),
         cmocka_unit_test(reset_does_not_keep_a_huge_block),
-        cmocka_unit_test(sized_arena_takes_one_block),
         cmocka_unit_test(whole_arena_keeps_its_block),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
