@@ -69,6 +69,9 @@ typedef struct {
                           * as soon as the record is copied) */
     bool late; /* transaction mode: it came after its transaction went to PostgreSQL */
     bool torn; /* ... and it is the first such event of that transaction */
+    /* transaction mode: it came after its transaction was released into a batch not yet sent;
+     * late if that batch goes before it (release.c) */
+    bool after_release;
 } ces_item_t;
 
 /* The position to store for one partition, fenced on the value read from PostgreSQL. */

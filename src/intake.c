@@ -111,6 +111,7 @@ static int add_event(ces_pipeline_t *p, const ces_source_t *source, const ces_ev
     ces_lsn_t lsn = event->position.commit_lsn;
     bool torn_first = false;
     bool late = p->order != NULL && ces_release_is_late(p, source, lsn, &torn_first);
+    bool after_release = p->order != NULL && !late && ces_release_after_release(p, lsn);
     if (p->order != NULL) {
         /* Even a skipped event tells how far its partitions have come. */
         ces_release_saw_commit(p, source, event->position.commit_lsn);
@@ -134,6 +135,7 @@ static int add_event(ces_pipeline_t *p, const ces_source_t *source, const ces_ev
         .arena = arena,
         .late = late,
         .torn = late && torn_first,
+        .after_release = after_release,
     };
     if (p->order == NULL) {
         if (ces_batch_push(&p->batch, &tmp) != 0) {
@@ -151,6 +153,8 @@ static int add_event(ces_pipeline_t *p, const ces_source_t *source, const ces_ev
     case CES_ORDER_HELD:
         if (late)
             ces_release_late(p, source, lsn, torn_first, now_ms);
+        else if (after_release)
+            ces_release_came_after_release(p, source, lsn, now_ms);
         return 0;
     case CES_ORDER_DUPLICATE: /* counted by the orderer (ces_pipeline_get_stats) */
         ces_log_debug("duplicate of an applied or held event skipped: %s[%d]@%lld (%s)",

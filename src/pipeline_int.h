@@ -211,6 +211,15 @@ void ces_release_assigned(ces_pipeline_t *p, partition_t *part);
  * (rate-limited) and adapts the window. */
 void ces_release_late(ces_pipeline_t *p, const ces_source_t *source, ces_lsn_t lsn,
                       bool torn_first, int64_t now_ms);
+/* Transaction mode: did an event of commit LSN lsn, not late, come after its transaction (or a
+ * later one) was released into the batch being built? Then it cannot join that batch; if the batch
+ * goes to PostgreSQL before the event is released, its transaction is torn, which the release
+ * decides (the item's after_release). One comparison for an event on time. */
+bool ces_release_after_release(const ces_pipeline_t *p, ces_lsn_t lsn);
+/* Such an event was taken in at now_ms: the window's bet was lost, and it grows as for a late
+ * event that came at once. */
+void ces_release_came_after_release(ces_pipeline_t *p, const ces_source_t *source, ces_lsn_t lsn,
+                                    int64_t now_ms);
 /* The batch being built goes to PostgreSQL now: the transactions released into it are sent. */
 void ces_release_sent(ces_pipeline_t *p, int64_t now_ms);
 /* Forgets what was sent (after going back to the stored positions, records are read again). */

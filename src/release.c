@@ -33,15 +33,14 @@ bool ces_release_is_late(ces_pipeline_t *p, const ces_source_t *source, ces_lsn_
     return true;
 }
 
-/* The transaction at lsn, or when it was not sent itself the first one after it: when it went to
- * PostgreSQL, and the window it was released under. NULL when it is older than what is
- * remembered. */
-static const sent_t *sent_entry(const lateness_t *l, ces_lsn_t lsn) {
+/* The transaction at lsn, or when it was not released itself the first one after it: when it went
+ * to PostgreSQL, and the window it was released under. Among those sent (sent), or among all
+ * released. NULL when it is older than what is remembered. */
+static const sent_t *sent_entry(const lateness_t *l, ces_lsn_t lsn, bool sent) {
     const sent_t *found = NULL;
-    size_t stamped = l->sent_count - l->unstamped;
-    for (size_t k = 0; k < stamped; k++) {
-        const sent_t *s = &l->sent[(l->sent_next + SENT_HISTORY - l->unstamped - 1 - k) %
-                                   SENT_HISTORY];
+    size_t skip = sent ? l->unstamped : 0;
+    for (size_t k = 0; k < l->sent_count - skip; k++) {
+        const sent_t *s = &l->sent[(l->sent_next + SENT_HISTORY - skip - 1 - k) % SENT_HISTORY];
         if (ces_lsn_compare(s->lsn, lsn) < 0)
             break;
         found = s;
@@ -49,46 +48,81 @@ static const sent_t *sent_entry(const lateness_t *l, ces_lsn_t lsn) {
     return found;
 }
 
-void ces_release_late(ces_pipeline_t *p, const ces_source_t *source, ces_lsn_t lsn,
-                      bool torn_first, int64_t now) {
+/* How far the window must grow for an event of lsn that came lateness ms after its transaction
+ * went to PostgreSQL (0: it came after its transaction was released, before it was sent), released
+ * with the window at then. */
+static void grow_window(ces_pipeline_t *p, const ces_source_t *source, ces_lsn_t lsn,
+                        int64_t lateness, int64_t then, int64_t now) {
     lateness_t *l = &p->late;
-    const sent_t *sent = sent_entry(l, lsn);
-    /* Older than what is remembered: at least as late as the oldest remembered. */
-    if (sent == NULL && l->sent_count > l->unstamped)
-        sent = &l->sent[(l->sent_next + SENT_HISTORY - l->sent_count) % SENT_HISTORY];
-    int64_t lateness = sent ? now - sent->sent_ms : 0;
-    int64_t then = sent ? sent->window_ms : ces_window_ms(&l->window);
-    if (torn_first) {
-        l->torn[l->torn_next] = lsn;
-        l->torn_next = (l->torn_next + 1) % TORN_HISTORY;
-        if (l->torn_count < TORN_HISTORY)
-            l->torn_count++;
-    }
     /* A partition that delivered a later commit before this event keeps no commit order (the
      * None partition scheme): no window would have held the transaction for it. */
     const partition_t *part = ces_pipeline_partition(p, source->topic, source->partition, false);
     bool window_helps = part == NULL || !part->has_frontier ||
                         ces_lsn_compare(part->frontier, lsn) <= 0;
     int64_t before = ces_window_ms(&l->window);
-    bool grew = window_helps && ces_window_late(&l->window, lateness, then, now);
-    if (now - l->last_warning_ms >= LATE_WARNING_INTERVAL_MS) {
-        char text[23];
-        ces_lsn_format(lsn, text);
-        ces_log_warning("torn transaction: an event of source transaction %s came from %s[%d] "
-                        "%lld ms after the transaction went to PostgreSQL without it; applied "
-                        "now (%llu more late events since the last warning)",
-                        text, source->topic, (int)source->partition, (long long)lateness,
-                        (unsigned long long)l->unreported);
-        l->last_warning_ms = now;
-        l->unreported = 0;
-    } else {
-        l->unreported++;
-    }
-    if (grew)
+    if (window_helps && ces_window_late(&l->window, lateness, then, now))
         ces_log_warning("reorder window: %lld ms -> %lld ms, to wait for events as late as the "
                         "last one (apply.reorder_window_max_ms = %lld)",
                         (long long)before, (long long)ces_window_ms(&l->window),
                         (long long)l->window.max_ms);
+}
+
+/* Remembers the transaction at lsn as torn (torn_first: the first late event of it) and warns,
+ * rate-limited. lateness: how long after the transaction went to PostgreSQL the event came; -1
+ * when it came before, but after the transaction had been released into a batch. */
+static void note_torn(ces_pipeline_t *p, const ces_source_t *source, ces_lsn_t lsn,
+                      bool torn_first, int64_t lateness, int64_t now) {
+    lateness_t *l = &p->late;
+    if (torn_first) {
+        l->torn[l->torn_next] = lsn;
+        l->torn_next = (l->torn_next + 1) % TORN_HISTORY;
+        if (l->torn_count < TORN_HISTORY)
+            l->torn_count++;
+    }
+    if (now - l->last_warning_ms < LATE_WARNING_INTERVAL_MS) {
+        l->unreported++;
+        return;
+    }
+    char text[23], when[64];
+    ces_lsn_format(lsn, text);
+    if (lateness >= 0)
+        snprintf(when, sizeof(when), "%lld ms after", (long long)lateness);
+    else
+        snprintf(when, sizeof(when), "after it was released, and before");
+    ces_log_warning("torn transaction: an event of source transaction %s came from %s[%d] %s "
+                    "the transaction went to PostgreSQL without it; applied now (%llu more late "
+                    "events since the last warning)",
+                    text, source->topic, (int)source->partition, when,
+                    (unsigned long long)l->unreported);
+    l->last_warning_ms = now;
+    l->unreported = 0;
+}
+
+void ces_release_late(ces_pipeline_t *p, const ces_source_t *source, ces_lsn_t lsn,
+                      bool torn_first, int64_t now) {
+    lateness_t *l = &p->late;
+    const sent_t *sent = sent_entry(l, lsn, true);
+    /* Older than what is remembered: at least as late as the oldest remembered. */
+    if (sent == NULL && l->sent_count > l->unstamped)
+        sent = &l->sent[(l->sent_next + SENT_HISTORY - l->sent_count) % SENT_HISTORY];
+    int64_t lateness = sent ? now - sent->sent_ms : 0;
+    int64_t then = sent ? sent->window_ms : ces_window_ms(&l->window);
+    note_torn(p, source, lsn, torn_first, lateness, now);
+    grow_window(p, source, lsn, lateness, then, now);
+}
+
+bool ces_release_after_release(const ces_pipeline_t *p, ces_lsn_t lsn) {
+    const lateness_t *l = &p->late;
+    return l->has_released && ces_lsn_compare(lsn, l->released_max) <= 0 &&
+           (!l->has_sent || ces_lsn_compare(lsn, l->sent_max) > 0);
+}
+
+void ces_release_came_after_release(ces_pipeline_t *p, const ces_source_t *source,
+                                    ces_lsn_t lsn, int64_t now) {
+    /* The window it was released under: the events of one episode grow the window once. */
+    const sent_t *released = sent_entry(&p->late, lsn, false);
+    grow_window(p, source, lsn, 0,
+                released ? released->window_ms : ces_window_ms(&p->late.window), now);
 }
 
 /* A transaction at lsn went into the batch being built. */
@@ -208,6 +242,30 @@ static bool all_partitions(const ces_pipeline_t *p, void (*scan)(void *, void *)
     return r.ready && r.owned > 0;
 }
 
+/*
+ * Moves the oldest held transaction (at lsn) into the batch. Its events that came after it (or a
+ * later one) had been released into a batch, and before that batch went to PostgreSQL, were not
+ * late when they came (ces_release_after_release): they are when that batch has gone since, and
+ * the transaction is torn. Had the batch not gone yet, they join it, and nothing is torn.
+ */
+static int pop_oldest(ces_pipeline_t *p, ces_lsn_t lsn, int64_t now_ms) {
+    size_t first = p->batch.count;
+    if (ces_order_pop_oldest(p->order, &p->batch) < 0)
+        return -1;
+    if (!p->late.has_sent || ces_lsn_compare(lsn, p->late.sent_max) > 0)
+        return 0;
+    for (size_t i = first; i < p->batch.count; i++) {
+        ces_item_t *item = &p->batch.items[i];
+        bool torn_first;
+        if (item->after_release && ces_release_is_late(p, &item->source, lsn, &torn_first)) {
+            item->late = true;
+            item->torn = torn_first;
+            note_torn(p, &item->source, lsn, torn_first, -1, now_ms);
+        }
+    }
+    return 0;
+}
+
 /* Moves every complete source transaction, oldest first, into the batch (every one when drain). */
 static int release_transactions(ces_pipeline_t *p, int64_t now_ms, bool drain) {
     if (p->order == NULL)
@@ -228,7 +286,7 @@ static int release_transactions(ces_pipeline_t *p, int64_t now_ms, bool drain) {
             p->batch_started_ms = now_ms;
         if (p->streaming && ces_lsn_compare(lsn, p->stream_lsn) >= 0)
             p->stream_complete = true; /* ready at lsn means ready at the streamed one too */
-        if (ces_order_pop_oldest(p->order, &p->batch) < 0)
+        if (pop_oldest(p, lsn, now_ms) < 0)
             return -1;
         note_released(p, lsn);
     }
@@ -256,7 +314,7 @@ static ces_pipeline_status_t stream_large_transaction(ces_pipeline_t *p, int64_t
     }
     if (p->batch.count == 0)
         p->batch_started_ms = now_ms;
-    if (ces_order_pop_oldest(p->order, &p->batch) < 0) {
+    if (pop_oldest(p, lsn, now_ms) < 0) {
         snprintf(errstr, errstr_size, "out of memory");
         return CES_PIPELINE_FATAL;
     }

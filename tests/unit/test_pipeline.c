@@ -556,6 +556,51 @@ static void late_event_tears_its_transaction_once(void **state) {
     ces_pipeline_destroy(p);
 }
 
+/*
+ * Transaction 10 is released into the batch being built; partition 1's event of it comes before
+ * that batch goes to PostgreSQL. It cannot join the batch (the transaction was released), so when
+ * the batch goes first the transaction is torn, and counted so, though the event was not late when
+ * it came. The window grows at once, and once only for the episode. Had the batch not gone, the
+ * event joins it: nothing torn.
+ */
+static void event_after_release_tears_when_the_batch_goes_first(void **state) {
+    (void)state;
+    ces_pipeline_t *p = new_adaptive_pipeline(true);
+    feed(p, 1, 0, 5, 1, 1, 0);
+    feed(p, 0, 0, 10, 1, 2, 0);
+    ces_release_partition_eof(p, "ces", 0, 1);
+    ces_release_partition_eof(p, "ces", 1, 1);
+    tick(p, WINDOW);
+    assert_int_equal(ces_pipeline_batch_events(p), 2); /* 5 and 10, not sent yet */
+    feed(p, 1, 1, 10, 2, 3, WINDOW + 1);
+    feed(p, 1, 2, 10, 3, 4, WINDOW + 2);
+    assert_int_equal(ces_pipeline_batch_events(p), 2); /* held, not in the batch */
+    assert_int_equal(window_now(p), WINDOW + WINDOW / 4); /* grown once, by its margin */
+    commit_batch(p, WINDOW + 3);
+    ces_release_partition_eof(p, "ces", 1, 3);
+    tick(p, 3 * WINDOW);
+    assert_int_equal(ces_pipeline_batch_events(p), 2);
+    assert_true(ces_pipeline_batch_item(p, 0)->late);
+    assert_true(ces_pipeline_batch_item(p, 0)->torn);
+    assert_true(ces_pipeline_batch_item(p, 1)->late);
+    assert_false(ces_pipeline_batch_item(p, 1)->torn); /* torn once */
+    commit_batch(p, 3 * WINDOW);
+
+    /* Transaction 20 released; its second event comes before the batch goes, and partition 1 then
+     * passes 20: the event is released into the same batch, on time. */
+    feed(p, 0, 1, 20, 1, 5, 4 * WINDOW);
+    ces_release_partition_eof(p, "ces", 0, 2);
+    tick(p, 6 * WINDOW);
+    assert_int_equal(ces_pipeline_batch_events(p), 1);
+    feed(p, 1, 3, 20, 2, 6, 6 * WINDOW + 1);
+    feed(p, 1, 4, 30, 1, 7, 6 * WINDOW + 1);
+    tick(p, 6 * WINDOW + 2);
+    assert_int_equal(ces_pipeline_batch_events(p), 2);
+    for (size_t i = 0; i < 2; i++)
+        assert_false(ces_pipeline_batch_item(p, i)->late);
+    ces_pipeline_destroy(p);
+}
+
 /* A partition assigned after transactions went to PostgreSQL (a rebalance) brings its events of
  * them now: they were its previous owner's, not late events of ours, and the window stays. */
 static void newly_assigned_partition_is_not_late(void **state) {
@@ -666,6 +711,7 @@ static void revocation_drops_only_the_revoked_partitions_work(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(late_event_tears_its_transaction_once),
+        cmocka_unit_test(event_after_release_tears_when_the_batch_goes_first),
         cmocka_unit_test(revocation_drops_only_the_revoked_partitions_work),
         cmocka_unit_test(fixed_window_flags_late_events),
         cmocka_unit_test(newly_assigned_partition_is_not_late),
