@@ -324,10 +324,14 @@ static int add_whole_event(ces_pipeline_t *p, const ces_source_t *source, staged
         return -1;
     }
     ces_arena_reset(arena);
-    if (p->nspares < sizeof(p->spares) / sizeof(p->spares[0]))
+    size_t footprint = ces_arena_footprint(arena);
+    if (p->nspares < sizeof(p->spares) / sizeof(p->spares[0]) &&
+        p->spare_bytes + footprint <= SPARE_BYTES) {
         p->spares[p->nspares++] = arena;
-    else
+        p->spare_bytes += footprint;
+    } else {
         ces_arena_destroy(arena);
+    }
     return add_event(p, source, &held, held_raw, len, compact, NULL, 0, now_ms);
 }
 
@@ -425,7 +429,11 @@ bool ces_intake_stage(ces_pipeline_t *p, const ces_record_t *rec) {
     stage_t *stage = &p->stages[p->fill_index];
     staged_t *s = &stage->items[stage->count++];
     s->rec = *rec;
-    s->arena = p->nspares > 0 ? p->spares[--p->nspares] : NULL;
+    s->arena = NULL;
+    if (p->nspares > 0) {
+        s->arena = p->spares[--p->nspares];
+        p->spare_bytes -= ces_arena_footprint(s->arena);
+    }
     s->nomem = false;
     s->whole = false;
     stage->bytes += rec->len;

@@ -40,6 +40,11 @@ typedef struct {
 /* Stages: one filling and the rest decoding ahead, so that a helper always has a stage to work on
  * while this thread reads, takes in and sends (and rarely waits for a helper in mid-record). */
 #define STAGE_DEPTH 4
+/* Emptied decoding arenas kept for the next records: one for every record the stages hold, so that
+ * none is made by a decoding thread and freed by this one (glibc then takes the other thread's
+ * malloc lock: a fifth of the loop's waits on bench/run insert with two threads), within a bound
+ * on the memory they keep. */
+#define SPARE_BYTES (2u << 20)
 
 typedef struct {
     staged_t items[STAGE_RECORDS];
@@ -115,8 +120,9 @@ struct ces_pipeline_s {
     size_t ndecoding;
     /* Arenas whole events were decoded in, emptied: the next records are decoded in them (a
      * record's JSON trees need several blocks, which would be malloc'ed and freed each time). */
-    ces_arena_t *spares[2 * STAGE_RECORDS];
+    ces_arena_t *spares[STAGE_DEPTH * STAGE_RECORDS];
     size_t nspares;
+    size_t spare_bytes; /* their footprints, at most SPARE_BYTES */
     /* Decoding threads besides the loop's, each with a decoder of its own. */
     ces_team_t *team;
     ces_decoder_t **helper_decoders;

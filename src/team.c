@@ -1,6 +1,7 @@
 #include "team.h"
 
 #include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdbool.h>
@@ -37,9 +38,25 @@ struct ces_team_s {
     size_t head, count;
     uint32_t generation;
     bool stopping;
+    /* The caller waits on `finished`: only then does the helper that completes a job take the lock
+     * to wake it (and the caller the lock to be woken). With the done counts, a Dekker pair: the
+     * caller sets it and then reads done, a helper adds to done and then reads it, so one of the
+     * two sees the other. */
+    _Atomic bool caller_waits;
     helper_t *helpers;
     size_t nhelpers;
 };
+
+/* About 30 to 100 microseconds of spinning, the time a helper takes for an item or two. */
+#define FINISH_SPINS 4096
+
+static inline void cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield");
+#endif
+}
 
 static bool claim(job_t *j, uint32_t generation, size_t n, size_t *item) {
     uint64_t s = atomic_load_explicit(&j->claim, memory_order_relaxed);
@@ -67,6 +84,13 @@ static job_t *job_to_help(ces_team_t *t) {
 static void *helper_main(void *arg) {
     helper_t *h = arg;
     ces_team_t *t = h->team;
+#ifdef SCHED_BATCH
+    /* Woken for a job, a helper does not take the CPU from the thread that woke it (the loop,
+     * ces2pg's critical path): on two cores shared with PostgreSQL and the broker it did, at
+     * every stage handed out. It still gets its fair share of the CPU. */
+    struct sched_param batch = {.sched_priority = 0};
+    pthread_setschedparam(pthread_self(), SCHED_BATCH, &batch);
+#endif
     pthread_mutex_lock(&t->lock);
     for (;;) {
         job_t *j;
@@ -82,7 +106,7 @@ static void *helper_main(void *arg) {
         size_t item;
         while (claim(j, generation, n, &item)) {
             fn(h->worker, job, item);
-            if (atomic_fetch_add(&j->done, 1) + 1 == n) {
+            if (atomic_fetch_add(&j->done, 1) + 1 == n && atomic_load(&t->caller_waits)) {
                 pthread_mutex_lock(&t->lock);
                 pthread_cond_signal(&t->finished);
                 pthread_mutex_unlock(&t->lock);
@@ -195,9 +219,19 @@ void ces_team_finish(ces_team_t *t, ces_team_fn fn, void *job, void *caller, siz
         fn(caller, job, item);
         atomic_fetch_add(&j->done, 1);
     }
+    /* What is left is an item a helper is in the middle of: a few microseconds, less than
+     * sleeping and being woken takes, and sleeping left this core idle (perf sched on bench/run
+     * insert with two threads: most of the loop's sleeps). A helper the scheduler took off the
+     * CPU takes longer: then this thread sleeps after all. */
+    for (unsigned spin = 0; spin < FINISH_SPINS && atomic_load(&j->done) != n; spin++)
+        cpu_relax();
     pthread_mutex_lock(&t->lock);
-    while (atomic_load(&j->done) != n)
-        pthread_cond_wait(&t->finished, &t->lock);
+    while (atomic_load(&j->done) != n) {
+        atomic_store(&t->caller_waits, true);
+        if (atomic_load(&j->done) != n)
+            pthread_cond_wait(&t->finished, &t->lock);
+    }
+    atomic_store(&t->caller_waits, false);
     t->head = (t->head + 1) % CES_TEAM_MAX_JOBS;
     t->count--;
     pthread_mutex_unlock(&t->lock);

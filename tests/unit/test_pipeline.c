@@ -346,6 +346,74 @@ static size_t mixed_record(size_t i, char *rec, size_t size) {
  * Records staged and decoded by several threads at once end up as the same items, in the same
  * order, as the same records added one by one on one thread.
  */
+/* The record of one INS of table T at LSN 1:block:1, key key, with a value of pad 'x's. */
+static size_t padded_record(char *rec, size_t size, unsigned block, int key, size_t pad) {
+    char *value = malloc(pad + 1);
+    assert_non_null(value);
+    memset(value, 'x', pad);
+    value[pad] = '\0';
+    int n = snprintf(
+        rec, size,
+        "{\"specversion\":\"1.0\",\"type\":\"com.microsoft.SQL.CES.DML.V1\",\"id\":\"i\","
+        "\"logicalid\":\"u:00000001%08X0001:%020u\",\"operation\":\"INS\","
+        "\"segmentindex\":1,\"finalsegment\":true,\"data\":\"{\\\"eventsource\\\":{\\\"db\\\":"
+        "\\\"d\\\",\\\"schema\\\":\\\"s\\\",\\\"tbl\\\":\\\"T\\\",\\\"cols\\\":[{\\\"name\\\":"
+        "\\\"k\\\",\\\"type\\\":\\\"int\\\",\\\"index\\\":0},{\\\"name\\\":\\\"v\\\",\\\"type\\\":"
+        "\\\"varchar\\\",\\\"index\\\":1}],\\\"pkkey\\\":[{\\\"columnname\\\":\\\"k\\\","
+        "\\\"value\\\":\\\"%d\\\"}],\\\"transaction\\\":{\\\"commitlsn\\\":"
+        "\\\"00000001:%08X:0001\\\",\\\"sequencenumber\\\":1}},\\\"eventrow\\\":{\\\"old\\\":"
+        "\\\"{}\\\",\\\"current\\\":\\\"{\\\\\\\"k\\\\\\\":\\\\\\\"%d\\\\\\\",\\\\\\\"v\\\\\\\":"
+        "\\\\\\\"%s\\\\\\\"}\\\"}}\"}",
+        block, (unsigned)key, key, block, key, value);
+    free(value);
+    assert_true(n > 0 && (size_t)n < size);
+    return (size_t)n;
+}
+
+/* The emptied decoding arenas kept for later records stay within SPARE_BYTES however large the
+ * records were, and account for exactly what they keep. */
+static void spare_arenas_stay_bounded(void **state) {
+    (void)state;
+    enum { N = 24, PAD = 40000 };
+    static char recs[N][PAD + 2048];
+    ces_pipeline_t *p = new_pipeline_with(0, CES_ORDER_BY_PARTITION, 1);
+    char err[256];
+    for (size_t i = 0; i < N; i++)
+        padded_record(recs[i], sizeof(recs[i]), 10 + (unsigned)i, (int)i, PAD);
+    /* Twice: a fresh arena outgrows its first block and keeps nothing when emptied; used again,
+     * it is made of one block as large as the record needed, which it keeps. */
+    for (int round = 0; round < 2; round++) {
+        for (size_t i = 0; i < N; i++)
+            ces_intake_stage(p, &(ces_record_t){.topic = "ces", .partition = 0,
+                                               .offset = (int64_t)(round * N + i),
+                                               .value = recs[i], .len = strlen(recs[i])});
+        assert_int_equal(ces_intake_take(p, 0, false, err, sizeof(err)), CES_PIPELINE_OK);
+    }
+    assert_int_equal(ces_pipeline_batch_events(p), 2 * N);
+    assert_int_equal(ces_pipeline_batch_item(p, 0)->kind, CES_ITEM_EVENT);
+    assert_int_equal(strlen(ces_pipeline_batch_item(p, N - 1)->event.current[1].value), PAD);
+    /* Each arena keeps about two records' worth: not all of them fit. */
+    assert_true(p->nspares > 0 && p->nspares < N);
+    assert_true(p->spare_bytes <= SPARE_BYTES);
+    size_t kept = 0;
+    for (size_t i = 0; i < p->nspares; i++)
+        kept += ces_arena_footprint(p->spares[i]);
+    assert_int_equal(kept, p->spare_bytes);
+    assert_true(kept > SPARE_BYTES / 2);
+    /* The next records take the spares, and their bytes leave the count. */
+    for (size_t i = 0; i < 3; i++)
+        ces_intake_stage(p, &(ces_record_t){.topic = "ces", .partition = 0,
+                                           .offset = (int64_t)(2 * N + i), .value = recs[i],
+                                           .len = strlen(recs[i])});
+    size_t taken = 0;
+    for (size_t i = 0; i < 3; i++)
+        taken += ces_arena_footprint(p->stages[p->fill_index].items[i].arena);
+    assert_int_equal(p->spare_bytes, kept - taken);
+    assert_int_equal(ces_intake_take(p, 0, false, err, sizeof(err)), CES_PIPELINE_OK);
+    assert_true(p->spare_bytes <= SPARE_BYTES);
+    ces_pipeline_destroy(p);
+}
+
 static void staged_records_decode_alike(void **state) {
     (void)state;
     enum { N = 100 };
@@ -724,6 +792,7 @@ int main(void) {
         cmocka_unit_test(batch_full_by_bytes),
         cmocka_unit_test(last_of_two_zero_based_segments),
         cmocka_unit_test(staged_records_decode_alike),
+        cmocka_unit_test(spare_arenas_stay_bounded),
         cmocka_unit_test(stage_room_follows_the_batch),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
