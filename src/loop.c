@@ -14,6 +14,8 @@
  */
 #include "pipeline_int.h"
 
+#include <stdio.h>
+
 #include "clock.h"
 #include "log.h"
 
@@ -137,6 +139,12 @@ static ces_pipeline_status_t turn(ces_pipeline_t *p, loop_t *loop, int64_t now_m
     case CES_POLL_RECORD:
         return CES_PIPELINE_OK;
     case CES_POLL_FATAL:
+        /* The feed stopped because a rebalance callback failed: the pipeline knows why (a source
+         * gap ends with its own exit status). */
+        if (p->rebalance_status != CES_PIPELINE_OK) {
+            snprintf(errstr, errstr_size, "%s", p->rebalance_error);
+            return p->rebalance_status;
+        }
         return CES_PIPELINE_FATAL;
     case CES_POLL_END:
         /* Nothing more will come: held transactions are complete, incomplete segment groups are

@@ -125,13 +125,15 @@ const ces_item_t *ces_pipeline_batch_item(const ces_pipeline_t *p, size_t i) {
 /* Records staged before a rebalance were read while the assignment was the old one: they are taken
  * in under it, as if each had been added when it was read. */
 static int take_staged_before_rebalance(ces_pipeline_t *p) {
-    char err[512];
-    if (ces_intake_busy(p) &&
-        ces_intake_take(p, ces_clock_now_ms(), false, err, sizeof(err)) != CES_PIPELINE_OK) {
-        ces_log_error("taking in the records read before a rebalance: %s", err);
-        return -1;
-    }
-    return 0;
+    if (!ces_intake_busy(p))
+        return 0;
+    ces_pipeline_status_t st = ces_intake_take(p, ces_clock_now_ms(), false, p->rebalance_error,
+                                               sizeof(p->rebalance_error));
+    if (st == CES_PIPELINE_OK)
+        return 0;
+    p->rebalance_status = st;
+    ces_log_error("taking in the records read before a rebalance: %s", p->rebalance_error);
+    return -1;
 }
 
 int ces_pipeline_on_assigned(void *opaque, const char *topic, const int32_t *partitions, size_t n,

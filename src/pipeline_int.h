@@ -134,6 +134,11 @@ struct ces_pipeline_s {
     ces_lsn_t stream_lsn;
     ces_apply_stats_t stream_stats; /* what the open transaction holds, counted once committed */
     lateness_t late; /* transaction mode */
+    /* A rebalance callback could not take in the records staged before it (a source gap among
+     * them, with kafka.on_source_gap = "stop", or a failure): the consumer then stops with a
+     * generic error, and the loop ends with this status and message instead. */
+    ces_pipeline_status_t rebalance_status;
+    char rebalance_error[1024];
 };
 
 /* ---- pipeline.c ---- */

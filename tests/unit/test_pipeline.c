@@ -5,6 +5,8 @@
  */
 #include "test_util.h"
 
+#include <signal.h>
+
 #include "pipeline_int.h"
 
 #define WINDOW 200
@@ -346,6 +348,58 @@ static size_t mixed_record(size_t i, char *rec, size_t size) {
  * Records staged and decoded by several threads at once end up as the same items, in the same
  * order, as the same records added one by one on one thread.
  */
+static ces_poll_status_t feed_fails(void *opaque, int timeout_ms, ces_record_t *record,
+                                    char *errstr, size_t errstr_size) {
+    (void)opaque, (void)timeout_ms, (void)record;
+    snprintf(errstr, errstr_size, "could not read stored positions");
+    return CES_POLL_FATAL;
+}
+
+/*
+ * A record staged before a rebalance resumes partition 0 past its stored position (a source gap)
+ * with kafka.on_source_gap = "stop". The rebalance callback fails (the consumer then stops with a
+ * generic error), and the loop ends with the gap's status and message, not a generic failure: the
+ * daemon exits with the gap's exit status.
+ */
+static void source_gap_found_in_a_rebalance_ends_as_a_gap(void **state) {
+    (void)state;
+    ces_pipeline_options_t o = {
+        .batch_max_events = 1000,
+        .batch_max_ms = 100,
+        .store_offsets = true,
+        .reasm = {1 << 20, 100, 5000},
+        .ordering = CES_ORDER_BY_TRANSACTION,
+        .reorder_window_ms = WINDOW,
+        .dedup_window = 100,
+        .decode_threads = 1,
+        .stop_on_source_gap = true,
+    };
+    ces_pipeline_t *p = ces_pipeline_new(&o, decoder, NULL);
+    assert_non_null(p);
+    int32_t parts[1] = {0};
+    int64_t offsets[1];
+    assert_int_equal(ces_pipeline_on_assigned(p, "ces", parts, 1, offsets), 0);
+    partition_t *part = ces_pipeline_partition(p, "ces", 0, false);
+    ces_positions_on_assign(&part->pos, "ces", 0, 100); /* PostgreSQL's position: 100 */
+    char rec[2048];
+    make_record(rec, sizeof(rec), 10, 1, 1);
+    ces_intake_stage(p, &(ces_record_t){.topic = "ces", .partition = 0, .offset = 250,
+                                       .value = rec, .len = strlen(rec)});
+    int32_t more[1] = {1};
+    assert_int_equal(ces_pipeline_on_assigned(p, "ces", more, 1, offsets), -1);
+    ces_feed_t feed = {.poll = feed_fails};
+    ces_pipeline_set_feed(p, &feed);
+    volatile sig_atomic_t stop = 0;
+    char err[1024];
+    assert_int_equal(ces_pipeline_run(p, NULL, &stop, err, sizeof(err)), CES_PIPELINE_SOURCE_GAP);
+    assert_non_null(strstr(err, "stopped at a source gap on ces[0]"));
+    ces_pipeline_stats_t st;
+    ces_pipeline_get_stats(p, &st);
+    assert_int_equal(st.source_gaps, 1);
+    assert_int_equal(ces_pipeline_batch_events(p), 0); /* nothing past the gap */
+    ces_pipeline_destroy(p);
+}
+
 /* The record of one INS of table T at LSN 1:block:1, key key, with a value of pad 'x's. */
 static size_t padded_record(char *rec, size_t size, unsigned block, int key, size_t pad) {
     char *value = malloc(pad + 1);
@@ -793,6 +847,7 @@ int main(void) {
         cmocka_unit_test(last_of_two_zero_based_segments),
         cmocka_unit_test(staged_records_decode_alike),
         cmocka_unit_test(spare_arenas_stay_bounded),
+        cmocka_unit_test(source_gap_found_in_a_rebalance_ends_as_a_gap),
         cmocka_unit_test(stage_room_follows_the_batch),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
