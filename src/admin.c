@@ -31,6 +31,16 @@ static void json_int(yajl_gen g, const char *key, long long value) {
     yajl_gen_integer(g, value);
 }
 
+/* A figure that cannot be negative, where -1 means not known (no position stored, a broker that
+ * did not answer): null, which a reader cannot take for a number. */
+static void json_count(yajl_gen g, const char *key, long long value) {
+    json_key(g, key);
+    if (value >= 0)
+        yajl_gen_integer(g, value);
+    else
+        yajl_gen_null(g);
+}
+
 /* Writes what g holds to out, with a newline, and frees it. */
 static void json_flush(yajl_gen g, FILE *out) {
     const unsigned char *buf;
@@ -511,10 +521,10 @@ static void print_status_json(const status_t *s, int members, const char *state,
         yajl_gen_map_open(g);
         json_str(g, "topic", p->topic);
         json_int(g, "partition", p->partition);
-        json_int(g, "stored_position", p->stored);
-        json_int(g, "low_watermark", p->low);
-        json_int(g, "high_watermark", p->high);
-        json_int(g, "lag", lag_of(p));
+        json_count(g, "stored_position", p->stored);
+        json_count(g, "low_watermark", p->low);
+        json_count(g, "high_watermark", p->high);
+        json_count(g, "lag", lag_of(p));
         json_str(g, "stored_at", p->updated_at);
         yajl_gen_map_close(g);
     }
@@ -526,7 +536,7 @@ static void print_status_json(const status_t *s, int members, const char *state,
         yajl_gen_double(g, s->since_update_s);
     else
         yajl_gen_null(g);
-    json_int(g, "reorder_window_ms", s->window_ms);
+    json_count(g, "reorder_window_ms", s->window_ms);
     json_key(g, "dead_letters");
     yajl_gen_map_open(g);
     for (size_t i = 0; i < s->ndls; i++)
@@ -542,7 +552,7 @@ static void print_status_json(const status_t *s, int members, const char *state,
         json_int(g, "partition", gap->partition);
         json_int(g, "stored_position", gap->stored_position);
         json_int(g, "resumed_at", gap->resumed_at);
-        json_int(g, "skipped_records", gap->skipped_records);
+        json_count(g, "skipped_records", gap->skipped_records);
         json_str(g, "reason", gap->reason);
         yajl_gen_map_close(g);
     }

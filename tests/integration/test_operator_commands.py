@@ -225,7 +225,7 @@ def test_status_follows_the_daemon(tmp_path, db, broker, ces2pg):
     assert rc == 2 and st["health"] == "CRITICAL", (st, err)
     assert st["members"] is None and st["reason"].startswith("stalled: 300 records waiting")
     assert {p["partition"]: p["lag"] for p in st["partitions"]} == counts
-    assert all(p["stored_position"] == -1 for p in st["partitions"])
+    assert all(p["stored_position"] is None for p in st["partitions"])
     assert st["last_commit_lsn"] is None
 
     daemon = ces2pg(db, b, group=GROUP)
