@@ -27,9 +27,9 @@ static int teardown(void **state) {
     return 0;
 }
 
-static ces_pipeline_t *new_pipeline_with(size_t batch_max_bytes, ces_ordering_t ordering,
-                                         size_t decode_threads) {
-    ces_pipeline_options_t o = {
+static ces_pipeline_options_t options_with(size_t batch_max_bytes, ces_ordering_t ordering,
+                                           size_t decode_threads) {
+    return (ces_pipeline_options_t){
         .batch_max_events = 1000,
         .batch_max_bytes = batch_max_bytes,
         .batch_max_ms = 100,
@@ -41,12 +41,22 @@ static ces_pipeline_t *new_pipeline_with(size_t batch_max_bytes, ces_ordering_t 
         .max_pending_events = 0,
         .decode_threads = decode_threads,
     };
-    ces_pipeline_t *p = ces_pipeline_new(&o, decoder, NULL);
+}
+
+/* A pipeline with partitions 0 and 1 of topic "ces" assigned, no positions stored. */
+static ces_pipeline_t *new_pipeline_from(const ces_pipeline_options_t *o) {
+    ces_pipeline_t *p = ces_pipeline_new(o, decoder, NULL);
     assert_non_null(p);
     int32_t parts[2] = {0, 1};
     int64_t offsets[2];
     assert_int_equal(ces_pipeline_on_assigned(p, "ces", parts, 2, offsets), 0);
     return p;
+}
+
+static ces_pipeline_t *new_pipeline_with(size_t batch_max_bytes, ces_ordering_t ordering,
+                                         size_t decode_threads) {
+    ces_pipeline_options_t o = options_with(batch_max_bytes, ordering, decode_threads);
+    return new_pipeline_from(&o);
 }
 
 static ces_pipeline_t *new_pipeline_sized(size_t batch_max_bytes) {
@@ -363,29 +373,17 @@ static ces_poll_status_t feed_fails(void *opaque, int timeout_ms, ces_record_t *
  */
 static void source_gap_found_in_a_rebalance_ends_as_a_gap(void **state) {
     (void)state;
-    ces_pipeline_options_t o = {
-        .batch_max_events = 1000,
-        .batch_max_ms = 100,
-        .store_offsets = true,
-        .reasm = {1 << 20, 100, 5000},
-        .ordering = CES_ORDER_BY_TRANSACTION,
-        .reorder_window_ms = WINDOW,
-        .dedup_window = 100,
-        .decode_threads = 1,
-        .stop_on_source_gap = true,
-    };
-    ces_pipeline_t *p = ces_pipeline_new(&o, decoder, NULL);
-    assert_non_null(p);
-    int32_t parts[1] = {0};
-    int64_t offsets[1];
-    assert_int_equal(ces_pipeline_on_assigned(p, "ces", parts, 1, offsets), 0);
+    ces_pipeline_options_t o = options_with(0, CES_ORDER_BY_TRANSACTION, 1);
+    o.stop_on_source_gap = true;
+    ces_pipeline_t *p = new_pipeline_from(&o);
     partition_t *part = ces_pipeline_partition(p, "ces", 0, false);
     ces_positions_on_assign(&part->pos, "ces", 0, 100); /* PostgreSQL's position: 100 */
     char rec[2048];
     make_record(rec, sizeof(rec), 10, 1, 1);
     ces_intake_stage(p, &(ces_record_t){.topic = "ces", .partition = 0, .offset = 250,
                                        .value = rec, .len = strlen(rec)});
-    int32_t more[1] = {1};
+    int32_t more[1] = {2};
+    int64_t offsets[1];
     assert_int_equal(ces_pipeline_on_assigned(p, "ces", more, 1, offsets), -1);
     ces_feed_t feed = {.poll = feed_fails};
     ces_pipeline_set_feed(p, &feed);
@@ -579,24 +577,21 @@ static void commit_batch(ces_pipeline_t *p, int64_t now) {
 }
 
 static ces_pipeline_t *new_adaptive_pipeline(bool adaptive) {
-    ces_pipeline_options_t o = {
-        .batch_max_events = 1000,
-        .batch_max_ms = 100,
-        .store_offsets = true,
-        .reasm = {1 << 20, 100, 5000},
-        .ordering = CES_ORDER_BY_TRANSACTION,
-        .reorder_window_ms = WINDOW,
-        .reorder_window_max_ms = 5000,
-        .reorder_window_adaptive = adaptive,
-        .dedup_window = 100,
-        .decode_threads = 1,
-    };
-    ces_pipeline_t *p = ces_pipeline_new(&o, decoder, NULL);
-    assert_non_null(p);
-    int32_t parts[2] = {0, 1};
-    int64_t offsets[2];
-    assert_int_equal(ces_pipeline_on_assigned(p, "ces", parts, 2, offsets), 0);
-    return p;
+    ces_pipeline_options_t o = options_with(0, CES_ORDER_BY_TRANSACTION, 1);
+    o.reorder_window_max_ms = 5000;
+    o.reorder_window_adaptive = adaptive;
+    return new_pipeline_from(&o);
+}
+
+/* Partition 1 delivers transaction 5 and goes quiet, partition 0 delivers transaction 10's first
+ * event and goes quiet: after the window both are released into the batch. */
+static void release_5_and_10(ces_pipeline_t *p) {
+    feed(p, 1, 0, 5, 1, 1, 0);
+    feed(p, 0, 0, 10, 1, 2, 0);
+    ces_release_partition_eof(p, "ces", 0, 1);
+    ces_release_partition_eof(p, "ces", 1, 1);
+    tick(p, WINDOW);
+    assert_int_equal(ces_pipeline_batch_events(p), 2);
 }
 
 static int64_t window_now(const ces_pipeline_t *p) {
@@ -614,12 +609,7 @@ static int64_t window_now(const ces_pipeline_t *p) {
 static void late_event_tears_its_transaction_once(void **state) {
     (void)state;
     ces_pipeline_t *p = new_adaptive_pipeline(true);
-    feed(p, 1, 0, 5, 1, 1, 0);  /* partition 1 delivered transaction 5 and went quiet */
-    feed(p, 0, 0, 10, 1, 2, 0); /* transaction 10's event on partition 0 */
-    ces_release_partition_eof(p, "ces", 0, 1);
-    ces_release_partition_eof(p, "ces", 1, 1);
-    tick(p, WINDOW);
-    assert_int_equal(ces_pipeline_batch_events(p), 2);
+    release_5_and_10(p);
     for (size_t i = 0; i < 2; i++)
         assert_false(ces_pipeline_batch_item(p, i)->late);
     commit_batch(p, WINDOW);
@@ -688,12 +678,7 @@ static void late_event_tears_its_transaction_once(void **state) {
 static void event_after_release_tears_when_the_batch_goes_first(void **state) {
     (void)state;
     ces_pipeline_t *p = new_adaptive_pipeline(true);
-    feed(p, 1, 0, 5, 1, 1, 0);
-    feed(p, 0, 0, 10, 1, 2, 0);
-    ces_release_partition_eof(p, "ces", 0, 1);
-    ces_release_partition_eof(p, "ces", 1, 1);
-    tick(p, WINDOW);
-    assert_int_equal(ces_pipeline_batch_events(p), 2); /* 5 and 10, not sent yet */
+    release_5_and_10(p); /* not sent yet */
     feed(p, 1, 1, 10, 2, 3, WINDOW + 1);
     feed(p, 1, 2, 10, 3, 4, WINDOW + 2);
     assert_int_equal(ces_pipeline_batch_events(p), 2); /* held, not in the batch */
@@ -753,11 +738,7 @@ static void newly_assigned_partition_is_not_late(void **state) {
 static void fixed_window_flags_late_events(void **state) {
     (void)state;
     ces_pipeline_t *p = new_adaptive_pipeline(false);
-    feed(p, 1, 0, 5, 1, 1, 0);
-    feed(p, 0, 0, 10, 1, 2, 0);
-    ces_release_partition_eof(p, "ces", 0, 1);
-    ces_release_partition_eof(p, "ces", 1, 1);
-    tick(p, WINDOW);
+    release_5_and_10(p);
     commit_batch(p, WINDOW);
     feed(p, 1, 1, 10, 2, 3, WINDOW + 400);
     ces_release_partition_eof(p, "ces", 1, 2);
