@@ -48,9 +48,9 @@ static const sent_t *sent_entry(const lateness_t *l, ces_lsn_t lsn, bool sent) {
     return found;
 }
 
-/* How far the window must grow for an event of lsn that came lateness ms after its transaction
- * went to PostgreSQL (0: it came after its transaction was released, before it was sent), released
- * with the window at then. */
+/* Grows the window (when that helps) for an event of lsn that came lateness ms after its
+ * transaction went to PostgreSQL (0: after it was released, before it was sent), released with the
+ * window at then. */
 static void grow_window(ces_pipeline_t *p, const ces_source_t *source, ces_lsn_t lsn,
                         int64_t lateness, int64_t then, int64_t now) {
     lateness_t *l = &p->late;

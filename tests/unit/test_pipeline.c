@@ -583,16 +583,20 @@ static ces_pipeline_t *new_adaptive_pipeline(bool adaptive) {
     return new_pipeline_from(&o);
 }
 
-/* Partition 1 delivers transaction 5 and goes quiet, partition 0 delivers transaction 10's first
- * event and goes quiet: after the window both are released into the batch. */
-static void release_5_and_10(ces_pipeline_t *p) {
-    feed(p, 1, 0, 5, 1, 1, 0);
-    feed(p, 0, 0, 10, 1, 2, 0);
+/* Partition 1 delivers one event (transaction block1, sequence seq1) and partition 0 one (block0,
+ * seq0), and both go quiet: after the window both are released into the batch. */
+static void release_one_each(ces_pipeline_t *p, unsigned block1, unsigned seq1, unsigned block0,
+                             unsigned seq0) {
+    feed(p, 1, 0, block1, seq1, 1, 0);
+    feed(p, 0, 0, block0, seq0, 2, 0);
     ces_release_partition_eof(p, "ces", 0, 1);
     ces_release_partition_eof(p, "ces", 1, 1);
     tick(p, WINDOW);
     assert_int_equal(ces_pipeline_batch_events(p), 2);
 }
+
+/* Partition 1 delivered transaction 5, partition 0 transaction 10's first event. */
+static void release_5_and_10(ces_pipeline_t *p) { release_one_each(p, 5, 1, 10, 1); }
 
 static int64_t window_now(const ces_pipeline_t *p) {
     ces_pipeline_stats_t st;
@@ -713,12 +717,7 @@ static void event_after_release_tears_when_the_batch_goes_first(void **state) {
 static void newly_assigned_partition_is_not_late(void **state) {
     (void)state;
     ces_pipeline_t *p = new_adaptive_pipeline(true);
-    feed(p, 0, 0, 10, 1, 1, 0);
-    feed(p, 1, 0, 10, 2, 2, 0);
-    ces_release_partition_eof(p, "ces", 0, 1);
-    ces_release_partition_eof(p, "ces", 1, 1);
-    tick(p, WINDOW);
-    assert_int_equal(ces_pipeline_batch_events(p), 2);
+    release_one_each(p, 10, 2, 10, 1); /* transaction 10, one event on each partition */
     commit_batch(p, WINDOW);
     int32_t more[1] = {2};
     int64_t offsets[1];
