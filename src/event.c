@@ -219,78 +219,87 @@ void ces_event_dump(const ces_event_t *ev, FILE *out) {
     dump_fields(out, "current", ev->current, ev->ncurrent);
 }
 
-/* The arena rounds every allocation up to 16 bytes. */
-static size_t rounded(size_t n) { return (n + 15) & ~(size_t)15; }
+/* The compact copy is one allocation: the arrays first (aligned for their structs), then every
+ * text packed end to end, each with its NUL. Measuring walks the texts once with strlen; copying
+ * walks them once more with stpcpy, so no text is scanned twice in one pass. */
+static size_t aligned(size_t n) { return (n + 15) & ~(size_t)15; }
 
-static size_t text_size(const char *s) { return s == NULL ? 0 : rounded(strlen(s) + 1); }
+static size_t text_bytes(const char *s) { return s == NULL ? 0 : strlen(s) + 1; }
 
-static size_t fields_size(const ces_field_t *f, size_t n) {
-    size_t size = rounded(n * sizeof(*f));
+static size_t fields_text_bytes(const ces_field_t *f, size_t n) {
+    size_t size = 0;
     for (size_t i = 0; i < n; i++)
-        size += text_size(f[i].name) + (f[i].value ? rounded(f[i].value_len + 1) : 0);
+        size += text_bytes(f[i].name) + (f[i].value ? f[i].value_len + 1 : 0);
     return size;
 }
 
-size_t ces_event_copy_size(const ces_event_t *e) {
-    size_t size = text_size(e->id) + text_size(e->logicalid) + text_size(e->time) +
-                  text_size(e->db) + text_size(e->schema) + text_size(e->table);
-    size += rounded(e->ncols * sizeof(*e->cols));
-    for (size_t i = 0; i < e->ncols; i++)
-        size += text_size(e->cols[i].name) + text_size(e->cols[i].type);
-    return size + fields_size(e->pkkey, e->npkkey) + fields_size(e->old, e->nold) +
-           fields_size(e->current, e->ncurrent);
-}
-
-static int copy_text(ces_arena_t *arena, const char *s, const char **out) {
-    *out = NULL;
+static const char *put_text(char **w, const char *s) {
     if (s == NULL)
-        return 0;
-    *out = ces_arena_strndup(arena, s, strlen(s));
-    return *out == NULL ? -1 : 0;
+        return NULL;
+    char *at = *w;
+    *w = stpcpy(at, s) + 1;
+    return at;
 }
 
-static int copy_fields(ces_arena_t *arena, const ces_field_t *f, size_t n, ces_field_t **out) {
-    *out = NULL;
+static ces_field_t *put_fields(char **w, ces_field_t *c, const ces_field_t *f, size_t n) {
     if (n == 0)
-        return 0;
-    ces_field_t *c = ces_arena_alloc(arena, n * sizeof(*c));
-    if (c == NULL)
-        return -1;
+        return NULL;
     for (size_t i = 0; i < n; i++) {
         c[i] = f[i];
-        if (copy_text(arena, f[i].name, &c[i].name) != 0)
-            return -1;
-        if (f[i].value != NULL &&
-            (c[i].value = ces_arena_strndup(arena, f[i].value, f[i].value_len)) == NULL)
-            return -1;
-    }
-    *out = c;
-    return 0;
-}
-
-int ces_event_copy(const ces_event_t *e, ces_arena_t *arena, ces_event_t *copy) {
-    *copy = *e;
-    if (copy_text(arena, e->id, &copy->id) != 0 ||
-        copy_text(arena, e->logicalid, &copy->logicalid) != 0 ||
-        copy_text(arena, e->time, &copy->time) != 0 || copy_text(arena, e->db, &copy->db) != 0 ||
-        copy_text(arena, e->schema, &copy->schema) != 0 ||
-        copy_text(arena, e->table, &copy->table) != 0)
-        return -1;
-    copy->cols = NULL;
-    if (e->ncols > 0) {
-        if ((copy->cols = ces_arena_alloc(arena, e->ncols * sizeof(*copy->cols))) == NULL)
-            return -1;
-        for (size_t i = 0; i < e->ncols; i++) {
-            if (copy_text(arena, e->cols[i].name, &copy->cols[i].name) != 0 ||
-                copy_text(arena, e->cols[i].type, &copy->cols[i].type) != 0)
-                return -1;
+        c[i].name = put_text(w, f[i].name);
+        if (f[i].value != NULL) {
+            char *at = *w;
+            memcpy(at, f[i].value, f[i].value_len);
+            at[f[i].value_len] = '\0';
+            c[i].value = at;
+            *w = at + f[i].value_len + 1;
         }
     }
-    if (copy_fields(arena, e->pkkey, e->npkkey, &copy->pkkey) != 0 ||
-        copy_fields(arena, e->old, e->nold, &copy->old) != 0 ||
-        copy_fields(arena, e->current, e->ncurrent, &copy->current) != 0)
-        return -1;
-    return 0;
+    return c;
+}
+
+ces_arena_t *ces_event_copy_new(const ces_event_t *e, size_t extra, ces_event_t *copy) {
+    size_t cols = aligned(e->ncols * sizeof(*e->cols));
+    size_t pkkey = aligned(e->npkkey * sizeof(*e->pkkey));
+    size_t old = aligned(e->nold * sizeof(*e->old));
+    size_t current = aligned(e->ncurrent * sizeof(*e->current));
+    size_t text = text_bytes(e->id) + text_bytes(e->logicalid) + text_bytes(e->time) +
+                  text_bytes(e->db) + text_bytes(e->schema) + text_bytes(e->table);
+    for (size_t i = 0; i < e->ncols; i++)
+        text += text_bytes(e->cols[i].name) + text_bytes(e->cols[i].type);
+    text += fields_text_bytes(e->pkkey, e->npkkey) + fields_text_bytes(e->old, e->nold) +
+            fields_text_bytes(e->current, e->ncurrent);
+    size_t arrays = cols + pkkey + old + current;
+    /* Sizes are bounded by the record that was decoded: no sum here can wrap. */
+    ces_arena_t *arena = ces_arena_new_whole(arrays + aligned(text) + extra);
+    unsigned char *block = arena ? ces_arena_alloc(arena, arrays + text) : NULL;
+    if (block == NULL) {
+        ces_arena_destroy(arena);
+        return NULL;
+    }
+    char *w = (char *)block + arrays;
+    *copy = *e;
+    copy->id = put_text(&w, e->id);
+    copy->logicalid = put_text(&w, e->logicalid);
+    copy->time = put_text(&w, e->time);
+    copy->db = put_text(&w, e->db);
+    copy->schema = put_text(&w, e->schema);
+    copy->table = put_text(&w, e->table);
+    copy->cols = NULL;
+    if (e->ncols > 0) {
+        copy->cols = (ces_column_t *)block;
+        for (size_t i = 0; i < e->ncols; i++) {
+            copy->cols[i].name = put_text(&w, e->cols[i].name);
+            copy->cols[i].type = put_text(&w, e->cols[i].type);
+        }
+    }
+    block += cols;
+    copy->pkkey = put_fields(&w, (ces_field_t *)block, e->pkkey, e->npkkey);
+    block += pkkey;
+    copy->old = put_fields(&w, (ces_field_t *)block, e->old, e->nold);
+    block += old;
+    copy->current = put_fields(&w, (ces_field_t *)block, e->current, e->ncurrent);
+    return arena;
 }
 
 int ces_event_parse_time(const char *text, double *seconds) {

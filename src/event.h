@@ -93,13 +93,11 @@ void ces_version_ceiling(ces_lsn_t lsn, char *buf, size_t size);
 
 const char *ces_op_name(ces_op_t op);
 
-/* Bytes that ces_event_copy takes from an arena for event (strings, arrays, alignment). */
-size_t ces_event_copy_size(const ces_event_t *event);
-
-/* Copies event and everything it points to into arena (owned by it): decoding leaves the JSON
- * trees behind in its own arena, several times the size of the event itself. Returns 0, or -1
- * when out of memory. */
-int ces_event_copy(const ces_event_t *event, ces_arena_t *arena, ces_event_t *copy);
+/* Copies event and everything it points to into a new arena of one allocation, with room for
+ * extra more bytes (the caller's, e.g. the record the event came from): decoding leaves the JSON
+ * trees behind in its own arena, several times the size of the event itself. Returns the arena
+ * (owned by the caller, who frees the copy with it), or NULL when out of memory. */
+ces_arena_t *ces_event_copy_new(const ces_event_t *event, size_t extra, ces_event_t *copy);
 
 /* Returns the field named name (exact match), or NULL. */
 const ces_field_t *ces_fields_find(const ces_field_t *fields, size_t count, const char *name);

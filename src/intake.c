@@ -315,10 +315,10 @@ static int add_whole_event(ces_pipeline_t *p, const ces_source_t *source, staged
     /* The decoding arena, JSON trees included, is several times their size. (Made here, not by
      * the decoding thread: memory is then allocated and freed by this thread alone.) */
     size_t len = s->rec.len;
-    ces_arena_t *compact = ces_arena_new_whole(ces_event_copy_size(&s->event) + len + 16 + 64);
     ces_event_t held;
+    ces_arena_t *compact = ces_event_copy_new(&s->event, len + 16 + 64, &held);
     const void *held_raw = compact ? ces_arena_strndup(compact, s->raw, len) : NULL;
-    if (held_raw == NULL || ces_event_copy(&s->event, compact, &held) != 0) {
+    if (held_raw == NULL) {
         ces_arena_destroy(compact);
         ces_arena_destroy(arena);
         return -1;

@@ -164,6 +164,63 @@ static void ceiling_splits_at_the_lsn(void **state) {
     assert_string_equal(ceiling, "1208925819614629174706175" "99999999999999999999");
 }
 
+static void assert_field_copied(const ces_field_t *copy, const ces_field_t *original) {
+    assert_string_equal(copy->name, original->name);
+    assert_ptr_not_equal(copy->name, original->name);
+    assert_int_equal(copy->is_null, original->is_null);
+    assert_int_equal(copy->value_len, original->value_len);
+    if (original->value == NULL) {
+        assert_null(copy->value);
+        return;
+    }
+    assert_ptr_not_equal(copy->value, original->value);
+    assert_memory_equal(copy->value, original->value, original->value_len);
+    assert_int_equal(copy->value[copy->value_len], '\0');
+}
+
+/* A held event is one allocation with room for its record: nothing it points to is left in the
+ * decoding arena, and the record fits beside it without another block. */
+static void compact_copy_is_one_allocation(void **state) {
+    (void)state;
+    char name[] = "Id", value[] = "42\0tail", db[] = "db", schema[] = "dbo", table[] = "T";
+    ces_column_t cols[] = {{"Id", "int"}, {"Name", "nvarchar(50)"}};
+    ces_field_t key[] = {{name, value, 2, false}};
+    ces_field_t current[] = {{"Id", value, sizeof(value) - 1, false}, {"Name", NULL, 0, true}};
+    ces_event_t ev = {.op = CES_OP_UPDATE, .id = "e1", .logicalid = NULL, .time = NULL,
+                      .db = db, .schema = schema, .table = table,
+                      .position = {lsn("1:2:3"), 7}, .cols = cols, .ncols = 2,
+                      .pkkey = key, .npkkey = 1, .current = current, .ncurrent = 2};
+    ces_event_t copy;
+    const size_t record = 300;
+    ces_arena_t *arena = ces_event_copy_new(&ev, record + 16, &copy);
+    assert_non_null(arena);
+    size_t footprint = ces_arena_footprint(arena);
+    assert_non_null(ces_arena_alloc(arena, record));
+    assert_int_equal(ces_arena_footprint(arena), footprint);
+    memset(name, 'x', 2); /* the original's bytes change: the copy's do not */
+    assert_int_equal(copy.op, CES_OP_UPDATE);
+    assert_string_equal(copy.id, "e1");
+    assert_null(copy.logicalid);
+    assert_null(copy.time);
+    assert_string_equal(copy.db, "db");
+    assert_string_equal(copy.schema, "dbo");
+    assert_string_equal(copy.table, "T");
+    assert_int_equal(ces_position_compare(&copy.position, &ev.position), 0);
+    assert_int_equal(copy.ncols, 2);
+    assert_string_equal(copy.cols[1].name, "Name");
+    assert_string_equal(copy.cols[1].type, "nvarchar(50)");
+    assert_int_equal(copy.npkkey, 1);
+    assert_string_equal(copy.pkkey[0].name, "Id");
+    assert_memory_equal(copy.pkkey[0].value, "42", 3);
+    assert_null(copy.old);
+    assert_int_equal(copy.nold, 0);
+    for (size_t i = 0; i < 2; i++)
+        assert_field_copied(&copy.current[i], &current[i]);
+    assert_true((uintptr_t)copy.cols % _Alignof(ces_column_t) == 0);
+    assert_true((uintptr_t)copy.current % _Alignof(ces_field_t) == 0);
+    ces_arena_destroy(arena);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(parse_and_format),
@@ -174,6 +231,7 @@ int main(void) {
         cmocka_unit_test(version_is_one_ordered_number),
         cmocka_unit_test(operator_lsn_forms),
         cmocka_unit_test(ceiling_splits_at_the_lsn),
+        cmocka_unit_test(compact_copy_is_one_allocation),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
