@@ -40,6 +40,7 @@ struct ces_catalog_table_s {
      * shape_matches), the oldest replaced first; emptied whenever the description is read again. */
     shape_t shapes[CATALOG_SHAPES];
     unsigned next_shape;
+    unsigned matched_shape; /* the slot that matched last: the next event most likely matches it */
     char reject_reason[300];
     /* Inserts of new keys go as plain INSERTs from attempt number upsert_until on;
      * insert_conflicts counts the times one found its key taken. */
@@ -58,6 +59,11 @@ struct ces_catalog_s {
     ces_map_t *tables; /* "db\x1fschema\x1ftable" -> ces_catalog_table_t */
     unsigned next_table_id;
     ces_strbuf_t check_key; /* scratch: a type_checks key, grown to the longest seen */
+    /* The table the last event resolved to, under its key: events come in runs of one table, and
+     * comparing the names beats building the key and hashing it. Cleared with the tables. */
+    ces_catalog_table_t *last;
+    size_t last_klen;
+    char last_key[3 * (CES_DECODE_MAX_NAME_BYTES + 1)];
 };
 
 /* ---------------------------------------------------------------------------------------------- */
@@ -281,7 +287,10 @@ void ces_catalog_destroy(ces_catalog_t *cat) {
     free(cat);
 }
 
-void ces_catalog_forget(ces_catalog_t *cat) { ces_map_clear(cat->tables, table_free, NULL); }
+void ces_catalog_forget(ces_catalog_t *cat) {
+    cat->last = NULL;
+    ces_map_clear(cat->tables, table_free, NULL);
+}
 
 const ces_catalog_desc_t *ces_catalog_desc(const ces_catalog_table_t *t) { return &t->desc; }
 
@@ -788,10 +797,13 @@ static bool shape_matches(const shape_t *shape, const ces_event_t *ev) {
            shape_fields_match(&cursor, end, ev->old, ev->nold) && cursor == end;
 }
 
-static bool shape_known(const ces_catalog_table_t *t, const ces_event_t *ev) {
-    for (size_t i = 0; i < CATALOG_SHAPES; i++) {
-        if (shape_matches(&t->shapes[i], ev))
+static bool shape_known(ces_catalog_table_t *t, const ces_event_t *ev) {
+    for (unsigned i = 0; i < CATALOG_SHAPES; i++) {
+        unsigned slot = (t->matched_shape + i) % CATALOG_SHAPES;
+        if (shape_matches(&t->shapes[slot], ev)) {
+            t->matched_shape = slot;
             return true;
+        }
     }
     return false;
 }
@@ -842,14 +854,37 @@ static void shape_remember(ces_catalog_table_t *t, const ces_event_t *ev) {
         shape->len = 0;
 }
 
+/* True when key is what ces_map_key makes of parts, joined by '\x1f', without making it. */
+static bool key_is(const char *key, size_t klen, const char *const parts[3]) {
+    const char *k = key, *end = key + klen;
+    for (size_t i = 0; i < 3; i++) {
+        if (i > 0 && (k == end || *k++ != '\x1f'))
+            return false;
+        for (const char *s = parts[i] != NULL ? parts[i] : ""; *s != '\0'; s++, k++) {
+            if (k == end || *k != *s)
+                return false;
+        }
+    }
+    return k == end;
+}
+
 ces_catalog_table_t *ces_catalog_ensure(ces_catalog_t *cat, ces_session_t *session,
                                         const char *version_quoted, const ces_event_t *ev,
                                         ces_reject_t *reject, ces_pgerr_t *e) {
     /* Names are bounded by the decoder, so the key is never cut. */
-    char key[3 * (CES_DECODE_MAX_NAME_BYTES + 1)];
     const char *parts[] = {ev->db, ev->schema, ev->table};
+    ces_catalog_table_t *t = cat->last;
+    if (t != NULL && t->loaded && key_is(cat->last_key, cat->last_klen, parts) &&
+        shape_known(t, ev))
+        return t;
+    char key[sizeof(cat->last_key)];
     size_t klen = ces_map_key(key, sizeof(key), '\x1f', parts, 3);
-    ces_catalog_table_t *t = ces_map_get(cat->tables, key, klen);
+    t = ces_map_get(cat->tables, key, klen);
+    if (t != NULL) {
+        cat->last = t;
+        memcpy(cat->last_key, key, klen);
+        cat->last_klen = klen;
+    }
     bool fresh = false;
     if (t != NULL && t->loaded && shape_known(t, ev))
         return t;
