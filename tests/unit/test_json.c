@@ -344,11 +344,11 @@ static size_t oracle_check(const unsigned char *s, size_t len) {
     return len;
 }
 
-/* buf[0..len) after an ASCII prefix of pre bytes, so that the sequence is seen both by the
- * byte-by-byte path and at every place in an eight-byte word. */
+/* buf[0..len) after an ASCII prefix of pre bytes, so that the sequence is seen by the
+ * byte-by-byte path and at every place in an eight-byte word and in a 32-byte block. */
 static void compare_with_oracle(const unsigned char *seq, size_t len) {
-    unsigned char buf[32];
-    for (size_t pre = 0; pre < 9; pre++) {
+    unsigned char buf[64];
+    for (size_t pre = 0; pre < 41; pre++) {
         memset(buf, 'a', pre);
         memcpy(buf + pre, seq, len);
         memset(buf + pre + len, 'z', 9);
