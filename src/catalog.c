@@ -756,7 +756,8 @@ static int table_add_missing(const ces_catalog_t *cat, ces_session_t *session,
 
 /*
  * An event's shape: the counts of its column list and images, then every column name and type and
- * every image field name, each with its NUL. Events of a table nearly always repeat a few shapes,
+ * every field name of pkkey, current and old, each with its NUL (what a compact copy holds in one
+ * run, ces_event_t's shape, compared with one memcmp). Events of a table nearly always repeat a few shapes,
  * so the table keeps the last shapes that passed every check, and an event of exactly such a shape
  * (a byte-for-byte comparison, so no collision can let an unchecked shape through) needs no name
  * lookups and no type checks: they would give the same answers against the same description.
@@ -786,6 +787,9 @@ static bool shape_matches(const shape_t *shape, const ces_event_t *ev) {
     const size_t counts[4] = {ev->ncols, ev->npkkey, ev->ncurrent, ev->nold};
     if (shape->len < sizeof(counts) || memcmp(shape->bytes, counts, sizeof(counts)) != 0)
         return false;
+    if (ev->shape != NULL) /* a compact copy holds its shape's names as written here */
+        return shape->len - sizeof(counts) == ev->shape_len &&
+               memcmp(shape->bytes + sizeof(counts), ev->shape, ev->shape_len) == 0;
     const char *cursor = shape->bytes + sizeof(counts), *end = shape->bytes + shape->len;
     for (size_t i = 0; i < ev->ncols; i++) {
         if (!shape_text_matches(&cursor, end, ev->cols[i].name) ||
@@ -845,6 +849,11 @@ static void shape_remember(ces_catalog_table_t *t, const ces_event_t *ev) {
     const size_t counts[4] = {ev->ncols, ev->npkkey, ev->ncurrent, ev->nold};
     shape->len = 0;
     bool ok = shape_put(shape, counts, sizeof(counts));
+    if (ev->shape != NULL) {
+        if (!ok || !shape_put(shape, ev->shape, ev->shape_len))
+            shape->len = 0;
+        return;
+    }
     for (size_t i = 0; ok && i < ev->ncols; i++)
         ok = shape_put_text(shape, ev->cols[i].name) && shape_put_text(shape, ev->cols[i].type);
     ok = ok && shape_put_fields(shape, ev->pkkey, ev->npkkey) &&

@@ -219,18 +219,21 @@ void ces_event_dump(const ces_event_t *ev, FILE *out) {
     dump_fields(out, "current", ev->current, ev->ncurrent);
 }
 
-/* The compact copy is one allocation: the arrays first (aligned for their structs), then every
- * text packed end to end, each with its NUL. Measuring walks the texts once with strlen; copying
- * walks them once more with stpcpy, so no text is scanned twice in one pass. */
+/* The compact copy is one allocation: the arrays first (aligned for their structs), then the
+ * shape's names in one run, then every other text, packed end to end, each with its NUL.
+ * Measuring walks the texts once with strlen; copying walks them once more with stpcpy, so no
+ * text is scanned twice in one pass. */
 static size_t aligned(size_t n) { return (n + 15) & ~(size_t)15; }
 
 static size_t text_bytes(const char *s) { return s == NULL ? 0 : strlen(s) + 1; }
 
-static size_t fields_text_bytes(const ces_field_t *f, size_t n) {
-    size_t size = 0;
-    for (size_t i = 0; i < n; i++)
-        size += text_bytes(f[i].name) + (f[i].value ? f[i].value_len + 1 : 0);
-    return size;
+static size_t fields_bytes(const ces_field_t *f, size_t n, size_t *names) {
+    size_t values = 0;
+    for (size_t i = 0; i < n; i++) {
+        *names += text_bytes(f[i].name);
+        values += f[i].value ? f[i].value_len + 1 : 0;
+    }
+    return values;
 }
 
 static const char *put_text(char **w, const char *s) {
@@ -241,12 +244,14 @@ static const char *put_text(char **w, const char *s) {
     return at;
 }
 
-static ces_field_t *put_fields(char **w, ces_field_t *c, const ces_field_t *f, size_t n) {
+/* Names go to *names (the shape's run), values to *w. */
+static ces_field_t *put_fields(char **names, char **w, ces_field_t *c, const ces_field_t *f,
+                               size_t n) {
     if (n == 0)
         return NULL;
     for (size_t i = 0; i < n; i++) {
         c[i] = f[i];
-        c[i].name = put_text(w, f[i].name);
+        c[i].name = put_text(names, f[i].name);
         if (f[i].value != NULL) {
             char *at = *w;
             memcpy(at, f[i].value, f[i].value_len);
@@ -263,22 +268,25 @@ ces_arena_t *ces_event_copy_new(const ces_event_t *e, size_t extra, ces_event_t 
     size_t pkkey = aligned(e->npkkey * sizeof(*e->pkkey));
     size_t old = aligned(e->nold * sizeof(*e->old));
     size_t current = aligned(e->ncurrent * sizeof(*e->current));
+    size_t shape = 0;
     size_t text = text_bytes(e->id) + text_bytes(e->logicalid) + text_bytes(e->time) +
                   text_bytes(e->db) + text_bytes(e->schema) + text_bytes(e->table);
     for (size_t i = 0; i < e->ncols; i++)
-        text += text_bytes(e->cols[i].name) + text_bytes(e->cols[i].type);
-    text += fields_text_bytes(e->pkkey, e->npkkey) + fields_text_bytes(e->old, e->nold) +
-            fields_text_bytes(e->current, e->ncurrent);
+        shape += text_bytes(e->cols[i].name) + text_bytes(e->cols[i].type);
+    text += fields_bytes(e->pkkey, e->npkkey, &shape) + fields_bytes(e->current, e->ncurrent, &shape) +
+            fields_bytes(e->old, e->nold, &shape);
     size_t arrays = cols + pkkey + old + current;
     /* Sizes are bounded by the record that was decoded: no sum here can wrap. */
-    ces_arena_t *arena = ces_arena_new_whole(arrays + aligned(text) + extra);
-    unsigned char *block = arena ? ces_arena_alloc(arena, arrays + text) : NULL;
+    ces_arena_t *arena = ces_arena_new_whole(arrays + aligned(shape + text) + extra);
+    unsigned char *block = arena ? ces_arena_alloc(arena, arrays + shape + text) : NULL;
     if (block == NULL) {
         ces_arena_destroy(arena);
         return NULL;
     }
-    char *w = (char *)block + arrays;
+    char *names = (char *)block + arrays, *w = names + shape;
     *copy = *e;
+    copy->shape = names;
+    copy->shape_len = shape;
     copy->id = put_text(&w, e->id);
     copy->logicalid = put_text(&w, e->logicalid);
     copy->time = put_text(&w, e->time);
@@ -289,16 +297,14 @@ ces_arena_t *ces_event_copy_new(const ces_event_t *e, size_t extra, ces_event_t 
     if (e->ncols > 0) {
         copy->cols = (ces_column_t *)block;
         for (size_t i = 0; i < e->ncols; i++) {
-            copy->cols[i].name = put_text(&w, e->cols[i].name);
-            copy->cols[i].type = put_text(&w, e->cols[i].type);
+            copy->cols[i].name = put_text(&names, e->cols[i].name);
+            copy->cols[i].type = put_text(&names, e->cols[i].type);
         }
     }
-    block += cols;
-    copy->pkkey = put_fields(&w, (ces_field_t *)block, e->pkkey, e->npkkey);
-    block += pkkey;
-    copy->old = put_fields(&w, (ces_field_t *)block, e->old, e->nold);
-    block += old;
-    copy->current = put_fields(&w, (ces_field_t *)block, e->current, e->ncurrent);
+    copy->pkkey = put_fields(&names, &w, (ces_field_t *)(block + cols), e->pkkey, e->npkkey);
+    copy->current = put_fields(&names, &w, (ces_field_t *)(block + cols + pkkey + old),
+                               e->current, e->ncurrent);
+    copy->old = put_fields(&names, &w, (ces_field_t *)(block + cols + pkkey), e->old, e->nold);
     return arena;
 }
 

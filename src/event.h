@@ -65,6 +65,11 @@ typedef struct {
     size_t nold;
     ces_field_t *current;
     size_t ncurrent;
+    /* In a compact copy (ces_event_copy_new), the names that make the event's shape, packed in
+     * one run with their NULs: every column's name and type, then the field names of pkkey,
+     * current and old. NULL elsewhere. */
+    const char *shape;
+    size_t shape_len;
 } ces_event_t;
 
 /* Parses "VLF:block:slot" (1-8, 1-8 and 1-4 hex digits). Returns 0, or -1 when malformed. */
@@ -93,7 +98,8 @@ void ces_version_ceiling(ces_lsn_t lsn, char *buf, size_t size);
 
 const char *ces_op_name(ces_op_t op);
 
-/* Copies event and everything it points to into a new arena of one allocation, with room for
+/* Copies event and everything it points to (its shape in one run, see ces_event_t) into a new
+ * arena of one allocation, with room for
  * extra more bytes (the caller's, e.g. the record the event came from): decoding leaves the JSON
  * trees behind in its own arena, several times the size of the event itself. Returns the arena
  * (owned by the caller, who frees the copy with it), or NULL when out of memory. */

@@ -216,6 +216,12 @@ static void compact_copy_is_one_allocation(void **state) {
     assert_int_equal(copy.nold, 0);
     for (size_t i = 0; i < 2; i++)
         assert_field_copied(&copy.current[i], &current[i]);
+    /* The shape's names in one run, in the catalog's order: cols, then pkkey, current, old. */
+    static const char shape[] = "Id\0int\0Name\0nvarchar(50)\0Id\0Id\0Name";
+    assert_int_equal(copy.shape_len, sizeof(shape));
+    assert_memory_equal(copy.shape, shape, sizeof(shape));
+    assert_ptr_equal(copy.cols[0].name, copy.shape);
+    assert_ptr_equal(copy.current[1].name, copy.shape + sizeof(shape) - sizeof("Name"));
     assert_true((uintptr_t)copy.cols % _Alignof(ces_column_t) == 0);
     assert_true((uintptr_t)copy.current % _Alignof(ces_field_t) == 0);
     ces_arena_destroy(arena);
