@@ -274,18 +274,17 @@ static void prepare(void *worker, void *job, size_t item) {
     ces_decoder_t *decoder = worker;
     staged_t *s = &((stage_t *)job)->items[item];
     const ces_record_t *rec = &s->rec;
-    /* The record is copied: librdkafka's message is released when the record is taken in. (A
-     * held message keeps the buffer of its whole fetch alive. Measured on bench/run insert,
-     * this alone did not change peak RSS, which librdkafka's prefetch dominates; it removes the
-     * dependence on it.) The decoded tree and strings take about as much again as the record. */
+    /* Decoded from the feed's own bytes, which stay until the record is taken in (librdkafka's
+     * message then goes back at once: a held message would keep the buffer of its whole fetch
+     * alive). Taking in copies the record once, to wherever it is kept. The decoded tree and
+     * strings take about as much as the record. */
     if (s->arena == NULL)
-        s->arena = ces_arena_new_sized(rec->len * 2 + 512);
-    s->raw = s->arena != NULL ? ces_arena_strndup(s->arena, rec->value, rec->len) : NULL;
-    if (s->raw == NULL) {
+        s->arena = ces_arena_new_sized(rec->len + 512);
+    if (s->arena == NULL) {
         s->nomem = true;
         return;
     }
-    s->envelope_status = ces_decode_envelope(decoder, s->arena, s->raw, rec->len, &s->env,
+    s->envelope_status = ces_decode_envelope(decoder, s->arena, rec->value, rec->len, &s->env,
                                              s->reason, sizeof(s->reason));
     s->whole = s->envelope_status == CES_DECODE_OK && is_whole(&s->env);
     if (!s->whole)
@@ -308,21 +307,12 @@ static ces_pipeline_status_t undecodable(ces_pipeline_t *p, const ces_source_t *
     return CES_PIPELINE_FATAL;
 }
 
-/* A whole event decoded in s: it is held (or batched) as a compact copy of itself and its record,
- * and arena, emptied, decodes a later record. Takes arena in every case. Returns 0 or -1. */
-static int add_whole_event(ces_pipeline_t *p, const ces_source_t *source, staged_t *s,
+/* A whole event decoded in arena, held (or batched) as compact, its compact copy with its record
+ * (held_raw): arena, emptied, decodes a later record. Takes both arenas in every case. Returns 0
+ * or -1. */
+static int add_whole_event(ces_pipeline_t *p, const ces_source_t *source, const ces_event_t *held,
+                           const void *held_raw, size_t len, ces_arena_t *compact,
                            ces_arena_t *arena, int64_t now_ms) {
-    /* The decoding arena, JSON trees included, is several times their size. (Made here, not by
-     * the decoding thread: memory is then allocated and freed by this thread alone.) */
-    size_t len = s->rec.len;
-    ces_event_t held;
-    ces_arena_t *compact = ces_event_copy_new(&s->event, len + 16 + 64, &held);
-    const void *held_raw = compact ? ces_arena_strndup(compact, s->raw, len) : NULL;
-    if (held_raw == NULL) {
-        ces_arena_destroy(compact);
-        ces_arena_destroy(arena);
-        return -1;
-    }
     ces_arena_reset(arena);
     size_t footprint = ces_arena_footprint(arena);
     if (p->nspares < sizeof(p->spares) / sizeof(p->spares[0]) &&
@@ -332,7 +322,7 @@ static int add_whole_event(ces_pipeline_t *p, const ces_source_t *source, staged
     } else {
         ces_arena_destroy(arena);
     }
-    return add_event(p, source, &held, held_raw, len, compact, NULL, 0, now_ms);
+    return add_event(p, source, held, held_raw, len, compact, NULL, 0, now_ms);
 }
 
 /* Takes in a prepared record, in order, on the loop's thread. */
@@ -341,10 +331,25 @@ static ces_pipeline_status_t take_record(ces_pipeline_t *p, staged_t *s, int64_t
     const ces_record_t *rec = &s->rec;
     ces_arena_t *arena = s->arena;
     s->arena = NULL;
+    /* The record's one copy, made before its bytes go back to the feed: a whole event's goes
+     * into its compact copy (the decoding arena, JSON trees included, is several times the size
+     * of both, and is kept for a later record); anything else's stays in its decoding arena (a
+     * segment until its group is joined, a dead letter until it is written). Made here, not by a
+     * decoding thread: memory is then allocated and freed by this thread alone. */
+    ces_event_t held;
+    ces_arena_t *compact = NULL;
+    const void *raw = NULL;
+    bool whole_event = !s->nomem && s->whole && s->event_status == CES_DECODE_OK;
+    if (whole_event) {
+        compact = ces_event_copy_new(&s->event, rec->len + 16 + 64, &held);
+        raw = compact ? ces_arena_strndup(compact, rec->value, rec->len) : NULL;
+    } else if (!s->nomem) {
+        raw = ces_arena_strndup(arena, rec->value, rec->len);
+    }
+    s->nomem = s->nomem || raw == NULL;
     ces_intake_release(p, rec->handle);
     if (p->flying && (++p->adds & 15) == 0)
         ces_apply_progress(p->apply);
-    const void *raw = s->raw;
     if (s->nomem)
         goto nomem;
     ces_source_t source = {.topic = NULL, .partition = rec->partition, .offset = rec->offset};
@@ -355,6 +360,7 @@ static ces_pipeline_status_t take_record(ces_pipeline_t *p, staged_t *s, int64_t
         ces_pipeline_status_t st = ces_intake_check_resume(p, part->topic, rec->partition,
                                                            rec->offset, false, errstr, errstr_size);
         if (st != CES_PIPELINE_OK) {
+            ces_arena_destroy(compact);
             ces_arena_destroy(arena); /* not taken in: nothing past the gap is read */
             return st;
         }
@@ -376,8 +382,8 @@ static ces_pipeline_status_t take_record(ces_pipeline_t *p, staged_t *s, int64_t
         return undecodable(p, &source, s->reason, NULL, raw, rec->len, arena, errstr,
                            errstr_size);
     if (s->whole) {
-        if (s->event_status == CES_DECODE_OK) {
-            if (add_whole_event(p, &source, s, arena, now_ms) != 0)
+        if (whole_event) {
+            if (add_whole_event(p, &source, &held, raw, rec->len, compact, arena, now_ms) != 0)
                 goto nomem_taken;
             return CES_PIPELINE_OK;
         }
@@ -419,6 +425,7 @@ static ces_pipeline_status_t take_record(ces_pipeline_t *p, staged_t *s, int64_t
         ces_reasm_add(p->reasm, env.logicalid, &seg, now_ms, &group, reason, sizeof(reason));
     return handle_reasm(p, rs, group, reason, now_ms, errstr, errstr_size);
 nomem:
+    ces_arena_destroy(compact);
     ces_arena_destroy(arena);
 nomem_taken:
     snprintf(errstr, errstr_size, "out of memory");

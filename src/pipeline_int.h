@@ -23,7 +23,6 @@
 typedef struct {
     ces_record_t rec;
     ces_arena_t *arena; /* decoding arena: owned by the slot until taken */
-    const void *raw;    /* the record's copy in arena */
     bool nomem;
     ces_decode_status_t envelope_status;
     ces_envelope_t env;
