@@ -757,10 +757,11 @@ static int table_add_missing(const ces_catalog_t *cat, ces_session_t *session,
 /*
  * An event's shape: the counts of its column list and images, then every column name and type and
  * every field name of pkkey, current and old, each with its NUL (what a compact copy holds in one
- * run, ces_event_t's shape, compared with one memcmp). Events of a table nearly always repeat a few shapes,
- * so the table keeps the last shapes that passed every check, and an event of exactly such a shape
- * (a byte-for-byte comparison, so no collision can let an unchecked shape through) needs no name
- * lookups and no type checks: they would give the same answers against the same description.
+ * run, ces_event_t's shape, compared with one memcmp). Events of a table nearly always repeat a
+ * few shapes, so the table keeps the last shapes that passed every check, and an event of exactly
+ * such a shape (a byte-for-byte comparison, so no collision can let an unchecked shape through)
+ * needs no name lookups and no type checks: they would give the same answers against the same
+ * description.
  */
 static bool shape_text_matches(const char **cursor, const char *end, const char *s) {
     const char *c = *cursor;

@@ -273,8 +273,8 @@ ces_arena_t *ces_event_copy_new(const ces_event_t *e, size_t extra, ces_event_t 
                   text_bytes(e->db) + text_bytes(e->schema) + text_bytes(e->table);
     for (size_t i = 0; i < e->ncols; i++)
         shape += text_bytes(e->cols[i].name) + text_bytes(e->cols[i].type);
-    text += fields_bytes(e->pkkey, e->npkkey, &shape) + fields_bytes(e->current, e->ncurrent, &shape) +
-            fields_bytes(e->old, e->nold, &shape);
+    text += fields_bytes(e->pkkey, e->npkkey, &shape) +
+            fields_bytes(e->current, e->ncurrent, &shape) + fields_bytes(e->old, e->nold, &shape);
     size_t arrays = cols + pkkey + old + current;
     /* Sizes are bounded by the record that was decoded: no sum here can wrap. */
     ces_arena_t *arena = ces_arena_new_whole(arrays + aligned(shape + text) + extra);
