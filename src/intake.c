@@ -307,12 +307,8 @@ static ces_pipeline_status_t undecodable(ces_pipeline_t *p, const ces_source_t *
     return CES_PIPELINE_FATAL;
 }
 
-/* A whole event decoded in arena, held (or batched) as compact, its compact copy with its record
- * (held_raw): arena, emptied, decodes a later record. Takes both arenas in every case. Returns 0
- * or -1. */
-static int add_whole_event(ces_pipeline_t *p, const ces_source_t *source, const ces_event_t *held,
-                           const void *held_raw, size_t len, ces_arena_t *compact,
-                           ces_arena_t *arena, int64_t now_ms) {
+/* Keeps an emptied decoding arena for a later record, within SPARE_BYTES; else frees it. */
+static void keep_spare(ces_pipeline_t *p, ces_arena_t *arena) {
     ces_arena_reset(arena);
     size_t footprint = ces_arena_footprint(arena);
     if (p->nspares < sizeof(p->spares) / sizeof(p->spares[0]) &&
@@ -322,7 +318,6 @@ static int add_whole_event(ces_pipeline_t *p, const ces_source_t *source, const 
     } else {
         ces_arena_destroy(arena);
     }
-    return add_event(p, source, held, held_raw, len, compact, NULL, 0, now_ms);
 }
 
 /* Takes in a prepared record, in order, on the loop's thread. */
@@ -383,7 +378,9 @@ static ces_pipeline_status_t take_record(ces_pipeline_t *p, staged_t *s, int64_t
                            errstr_size);
     if (s->whole) {
         if (whole_event) {
-            if (add_whole_event(p, &source, &held, raw, rec->len, compact, arena, now_ms) != 0)
+            /* Held as its compact copy: the decoding arena decodes a later record. */
+            keep_spare(p, arena);
+            if (add_event(p, &source, &held, raw, rec->len, compact, NULL, 0, now_ms) != 0)
                 goto nomem_taken;
             return CES_PIPELINE_OK;
         }
