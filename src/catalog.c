@@ -59,8 +59,9 @@ struct ces_catalog_s {
     ces_map_t *tables; /* "db\x1fschema\x1ftable" -> ces_catalog_table_t */
     unsigned next_table_id;
     ces_strbuf_t check_key; /* scratch: a type_checks key, grown to the longest seen */
-    /* The table the last event resolved to, under its key: events come in runs of one table, and
-     * comparing the names beats building the key and hashing it. Cleared with the tables. */
+    /* The table the last event resolved to, under its key (also where a key is built): events
+     * come in runs of one table, and comparing the names beats building the key and hashing it.
+     * Cleared with the tables. */
     ces_catalog_table_t *last;
     size_t last_klen;
     char last_key[3 * (CES_DECODE_MAX_NAME_BYTES + 1)];
@@ -881,31 +882,27 @@ static bool key_is(const char *key, size_t klen, const char *const parts[3]) {
 ces_catalog_table_t *ces_catalog_ensure(ces_catalog_t *cat, ces_session_t *session,
                                         const char *version_quoted, const ces_event_t *ev,
                                         ces_reject_t *reject, ces_pgerr_t *e) {
-    /* Names are bounded by the decoder, so the key is never cut. */
     const char *parts[] = {ev->db, ev->schema, ev->table};
     ces_catalog_table_t *t = cat->last;
-    if (t != NULL && t->loaded && key_is(cat->last_key, cat->last_klen, parts) &&
-        shape_known(t, ev))
-        return t;
-    char key[sizeof(cat->last_key)];
-    size_t klen = ces_map_key(key, sizeof(key), '\x1f', parts, 3);
-    t = ces_map_get(cat->tables, key, klen);
-    if (t != NULL) {
+    if (t == NULL || !key_is(cat->last_key, cat->last_klen, parts)) {
+        /* Names are bounded by the decoder, so the key is never cut. */
+        size_t klen = ces_map_key(cat->last_key, sizeof(cat->last_key), '\x1f', parts, 3);
+        cat->last = NULL;
+        t = ces_map_get(cat->tables, cat->last_key, klen);
+        if (t == NULL) {
+            t = table_new(cat, session, ev);
+            if (t == NULL || ces_map_put(cat->tables, cat->last_key, klen, t) != 0) {
+                table_free(t, NULL);
+                ces_pgerr_set(e, CES_PGERR_FATAL, -1, NULL, "out of memory");
+                return NULL;
+            }
+        }
         cat->last = t;
-        memcpy(cat->last_key, key, klen);
         cat->last_klen = klen;
     }
-    bool fresh = false;
-    if (t != NULL && t->loaded && shape_known(t, ev))
+    if (t->loaded && shape_known(t, ev))
         return t;
-    if (t == NULL) {
-        t = table_new(cat, session, ev);
-        if (t == NULL || ces_map_put(cat->tables, key, klen, t) != 0) {
-            table_free(t, NULL);
-            ces_pgerr_set(e, CES_PGERR_FATAL, -1, NULL, "out of memory");
-            return NULL;
-        }
-    }
+    bool fresh = false;
     if (!t->loaded) {
         if (table_first_load(cat, session, version_quoted, t, ev, reject, e) != 0)
             return NULL;
