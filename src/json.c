@@ -164,41 +164,47 @@ static int fail(ces_json_parser_t *p, const char *msg) {
     return 0;
 }
 
-/* Attaches a finished value to the open container, or makes it the root. */
-static int add_value(ces_json_parser_t *p, const ces_json_t *value) {
+/* The slow half of next_value: the open container's scratch is full, or at its limit. */
+static __attribute__((noinline)) ces_json_t *grow_container(ces_json_parser_t *p, frame_t *f) {
+    if (f->count >= p->limits->max_container) {
+        fail(p, "too many members in one JSON object or array");
+        return NULL;
+    }
+    size_t cap = f->capacity ? f->capacity * 2 : 16;
+    ces_json_member_t *m = realloc(f->members, cap * sizeof(*m));
+    if (m == NULL) {
+        fail(p, "out of memory");
+        return NULL;
+    }
+    f->members = m;
+    f->capacity = cap;
+    m = &f->members[f->count++];
+    m->key = f->pending_key;
+    m->key_len = f->pending_key_len;
+    return &m->value;
+}
+
+/* The place of the next value: a new member (with the key just read) or item of the open
+ * container, or the root. The caller fills every field of it. NULL when a limit is broken or
+ * memory is out. Inline, with its rare half apart: it runs for every value of every layer. */
+static inline ces_json_t *next_value(ces_json_parser_t *p) {
     if (p->depth == 0) {
-        p->root = *value;
         p->have_root = true;
-        return 1;
+        return &p->root;
     }
     frame_t *f = &p->frames[p->depth - 1];
-    if (f->count >= p->limits->max_container)
-        return fail(p, "too many members in one JSON object or array");
-    if (f->count == f->capacity) {
-        size_t cap = f->capacity ? f->capacity * 2 : 16;
-        ces_json_member_t *m = realloc(f->members, cap * sizeof(*m));
-        if (m == NULL)
-            return fail(p, "out of memory");
-        f->members = m;
-        f->capacity = cap;
-    }
+    if (__builtin_expect(f->count >= f->capacity || f->count >= p->limits->max_container, 0))
+        return grow_container(p, f);
     ces_json_member_t *m = &f->members[f->count++];
     m->key = f->pending_key;
     m->key_len = f->pending_key_len;
-    m->value = *value;
-    f->pending_key = NULL;
-    return 1;
+    return &m->value;
 }
 
-static const char *copy_text(ces_json_parser_t *p, const unsigned char *s, size_t len) {
-    /* yajl hands over a string without escapes as a pointer into the text (unless the token was
-     * split across input chunks, which one whole text never is), just before its closing quote;
-     * it has read past that quote for good. The text was checked as a whole: no check again. */
-    uintptr_t at = (uintptr_t)s;
-    if (at >= p->text_begin && at < p->text_end && len < p->text_end - at && s[len] == '"') {
-        ((unsigned char *)s)[len] = '\0';
-        return (const char *)s;
-    }
+/* The slow half of copy_text: a string yajl decoded from escapes into its own buffer, or any
+ * string of a text not parsed in place. */
+static __attribute__((noinline)) const char *copy_text_out(ces_json_parser_t *p,
+                                                           const unsigned char *s, size_t len) {
     /* At every layer: an escape may decode to a lone surrogate, even in text known valid. */
     if (memchr(s, 0xED, len) != NULL && !ces_utf8_valid((const char *)s, len)) {
         fail(p, "malformed JSON: a string escapes a lone UTF-16 surrogate (not valid UTF-8)");
@@ -210,35 +216,63 @@ static const char *copy_text(ces_json_parser_t *p, const unsigned char *s, size_
     return copy;
 }
 
+static inline const char *copy_text(ces_json_parser_t *p, const unsigned char *s, size_t len) {
+    /* yajl hands over a string without escapes as a pointer into the text (unless the token was
+     * split across input chunks, which one whole text never is), just before its closing quote;
+     * it has read past that quote for good. The text was checked as a whole: no check again. */
+    uintptr_t at = (uintptr_t)s;
+    if (at >= p->text_begin && at < p->text_end && len < p->text_end - at && s[len] == '"') {
+        ((unsigned char *)s)[len] = '\0';
+        return (const char *)s;
+    }
+    return copy_text_out(p, s, len);
+}
+
 static int on_null(void *ctx) {
-    ces_json_t v = {.type = CES_JSON_NULL};
-    return add_value(ctx, &v);
+    ces_json_t *v = next_value(ctx);
+    if (v == NULL)
+        return 0;
+    *v = (ces_json_t){.type = CES_JSON_NULL};
+    return 1;
 }
 
 static int on_boolean(void *ctx, int b) {
-    ces_json_t v = {.type = CES_JSON_BOOL, .boolean = b != 0};
-    return add_value(ctx, &v);
+    ces_json_t *v = next_value(ctx);
+    if (v == NULL)
+        return 0;
+    *v = (ces_json_t){.type = CES_JSON_BOOL, .boolean = b != 0};
+    return 1;
 }
 
 static int on_number(void *ctx, const char *s, size_t len) {
     ces_json_parser_t *p = ctx;
     if (len > CES_JSON_MAX_NUMBER)
         return fail(p, "malformed JSON: a number longer than 100 characters");
-    ces_json_t v = {.type = CES_JSON_NUMBER, .text_len = len};
-    v.text = ces_arena_strndup(p->arena, s, len);
-    if (v.text == NULL)
+    const char *text = ces_arena_strndup(p->arena, s, len);
+    if (text == NULL)
         return fail(p, "out of memory");
-    return add_value(p, &v);
+    ces_json_t *v = next_value(p);
+    if (v == NULL)
+        return 0;
+    *v = (ces_json_t){.type = CES_JSON_NUMBER, .text = text, .text_len = len};
+    return 1;
 }
 
 static int on_string(void *ctx, const unsigned char *s, size_t len) {
     ces_json_parser_t *p = ctx;
-    ces_json_t v = {.type = CES_JSON_STRING, .text_len = len};
-    v.text = copy_text(p, s, len);
+    const char *text = copy_text(p, s, len);
+    if (text == NULL)
+        return 0;
+    ces_json_t *v = next_value(p);
+    if (v == NULL)
+        return 0;
     /* A copy was decoded from escapes (or comes from a text not parsed in place): only it may
      * hold a NUL. */
-    v.may_hold_nul = v.text != (const char *)s;
-    return v.text != NULL && add_value(p, &v);
+    *v = (ces_json_t){.type = CES_JSON_STRING,
+                      .may_hold_nul = text != (const char *)s,
+                      .text = text,
+                      .text_len = len};
+    return 1;
 }
 
 static int open_container(ces_json_parser_t *p, ces_json_type_t type) {
@@ -262,23 +296,27 @@ static int open_container(ces_json_parser_t *p, ces_json_type_t type) {
 
 static int close_container(ces_json_parser_t *p) {
     frame_t *f = &p->frames[p->depth - 1];
-    ces_json_t v = {.type = f->type, .count = f->count};
+    ces_json_t closed = {.type = f->type, .count = f->count};
     if (f->count > 0) {
         if (f->type == CES_JSON_OBJECT) {
-            v.members = ces_arena_alloc(p->arena, f->count * sizeof(ces_json_member_t));
-            if (v.members == NULL)
+            closed.members = ces_arena_alloc(p->arena, f->count * sizeof(ces_json_member_t));
+            if (closed.members == NULL)
                 return fail(p, "out of memory");
-            memcpy(v.members, f->members, f->count * sizeof(ces_json_member_t));
+            memcpy(closed.members, f->members, f->count * sizeof(ces_json_member_t));
         } else {
-            v.items = ces_arena_alloc(p->arena, f->count * sizeof(ces_json_t));
-            if (v.items == NULL)
+            closed.items = ces_arena_alloc(p->arena, f->count * sizeof(ces_json_t));
+            if (closed.items == NULL)
                 return fail(p, "out of memory");
             for (size_t i = 0; i < f->count; i++)
-                v.items[i] = f->members[i].value;
+                closed.items[i] = f->members[i].value;
         }
     }
     p->depth--;
-    return add_value(p, &v);
+    ces_json_t *v = next_value(p);
+    if (v == NULL)
+        return 0;
+    *v = closed;
+    return 1;
 }
 
 static int on_start_map(void *ctx) { return open_container(ctx, CES_JSON_OBJECT); }
@@ -382,86 +420,6 @@ static const ces_json_t *parse(ces_json_parser_t *parser, ces_arena_t *arena, co
 done:
     yajl_free(h);
     return result;
-}
-
-const ces_json_t *ces_json_get_n(const ces_json_t *object, const char *key, size_t key_len) {
-    if (object == NULL || object->type != CES_JSON_OBJECT)
-        return NULL;
-    for (size_t i = 0; i < object->count; i++) {
-        const ces_json_member_t *m = &object->members[i];
-        if (m->key_len == key_len && (key_len == 0 || m->key[0] == key[0]) &&
-            memcmp(m->key, key, key_len) == 0)
-            return &m->value;
-    }
-    return NULL;
-}
-
-/* Length of the UTF-8 sequence at s (1..4), or 0 when it is not UTF-8 in its shortest form, is a
- * surrogate, goes past U+10FFFF, or runs past avail bytes. */
-static size_t utf8_sequence(const unsigned char *s, size_t avail) {
-    unsigned char c = s[0];
-    if (c < 0x80)
-        return 1;
-    size_t n;
-    uint32_t cp;
-    if (c >= 0xC2 && c <= 0xDF) {
-        n = 1;
-        cp = c & 0x1F;
-    } else if (c >= 0xE0 && c <= 0xEF) {
-        n = 2;
-        cp = c & 0x0F;
-    } else if (c >= 0xF0 && c <= 0xF4) {
-        n = 3;
-        cp = c & 0x07;
-    } else {
-        return 0;
-    }
-    if (avail - 1 < n)
-        return 0;
-    for (size_t k = 1; k <= n; k++) {
-        if ((s[k] & 0xC0) != 0x80)
-            return 0;
-        cp = (cp << 6) | (s[k] & 0x3F);
-    }
-    if ((n == 2 && cp < 0x800) || (n == 3 && cp < 0x10000) || cp > 0x10FFFF ||
-        (cp >= 0xD800 && cp <= 0xDFFF))
-        return 0;
-    return n + 1;
-}
-
-bool ces_utf8_valid(const char *text, size_t len) { return ces_utf8_check(text, len) == len; }
-
-size_t ces_utf8_check(const char *text, size_t len) {
-    const unsigned char *s = (const unsigned char *)text;
-    size_t i = 0;
-    while (i < len) {
-        /* ASCII, the common case: 32 bytes at a time (four words, one test), then eight. */
-        while (len - i >= 32) {
-            uint64_t w[4];
-            memcpy(w, s + i, sizeof(w));
-            if ((w[0] | w[1] | w[2] | w[3]) & 0x8080808080808080ULL)
-                break;
-            i += 32;
-        }
-        while (len - i >= 8) {
-            uint64_t word;
-            memcpy(&word, s + i, 8);
-            if (word & 0x8080808080808080ULL)
-                break;
-            i += 8;
-        }
-        if (i >= len)
-            break;
-        if (s[i] < 0x80) {
-            i++;
-            continue;
-        }
-        size_t n = utf8_sequence(s + i, len - i);
-        if (n == 0)
-            return i;
-        i += n;
-    }
-    return len;
 }
 
 const char *ces_json_type_name(ces_json_type_t type) {

@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "arena.h"
+#include "utf8.h"
 
 typedef enum {
     CES_JSON_NULL,
@@ -27,17 +28,23 @@ typedef enum {
 typedef struct ces_json_member_s ces_json_member_t;
 typedef struct ces_json_s ces_json_t;
 
+/* 24 bytes: a parse copies every node twice (into its container's scratch, then into the arena),
+ * so the fields that no type uses together share their place. Read a field only for its type. */
 struct ces_json_s {
     ces_json_type_t type;
     bool boolean;
     /* STRING: false when the text cannot hold a NUL (it had no escapes, and JSON allows no raw
      * control characters), so callers that refuse NULs need not look for one. */
     bool may_hold_nul;
-    const char *text; /* STRING and NUMBER: NUL-terminated copy; may contain NULs, see text_len */
-    size_t text_len;
-    size_t count;               /* ARRAY items or OBJECT members */
-    ces_json_t *items;          /* ARRAY */
-    ces_json_member_t *members; /* OBJECT, in input order */
+    union {
+        const char *text; /* STRING and NUMBER: NUL-terminated; may contain NULs, see text_len */
+        ces_json_t *items;          /* ARRAY */
+        ces_json_member_t *members; /* OBJECT, in input order */
+    };
+    union {
+        size_t text_len;
+        size_t count; /* ARRAY items or OBJECT members */
+    };
 };
 
 struct ces_json_member_s {
@@ -81,21 +88,26 @@ const ces_json_t *ces_json_parse_in_place(ces_json_parser_t *parser, ces_arena_t
                                           char *text, size_t len, const ces_json_limits_t *limits,
                                           char *errstr, size_t errstr_size);
 
-/* Returns the first member named key (key_len bytes) of an OBJECT node, or NULL. */
-const ces_json_t *ces_json_get_n(const ces_json_t *object, const char *key, size_t key_len);
+/* Returns the first member named key (key_len bytes) of an OBJECT node, or NULL. Inline, like
+ * ces_json_get, so that a literal key's length is known when compiling and the comparison of
+ * names is a few instructions instead of a call: a CES record takes about forty lookups. */
+static inline const ces_json_t *ces_json_get_n(const ces_json_t *object, const char *key,
+                                               size_t key_len) {
+    if (object == NULL || object->type != CES_JSON_OBJECT)
+        return NULL;
+    for (size_t i = 0; i < object->count; i++) {
+        const ces_json_member_t *m = &object->members[i];
+        if (m->key_len == key_len && memcmp(m->key, key, key_len) == 0)
+            return &m->value;
+    }
+    return NULL;
+}
 
-/* The same for a NUL-terminated key. Inline so that a literal key's length is known when
- * compiling: the lookups of a CES record's attributes were 3% of decoding, half of it strlen. */
+/* The same for a NUL-terminated key. */
 static inline const ces_json_t *ces_json_get(const ces_json_t *object, const char *key) {
     return ces_json_get_n(object, key, strlen(key));
 }
 
 const char *ces_json_type_name(ces_json_type_t type);
-
-/* True when s[0..len) is UTF-8 in its shortest form, without surrogates, at most U+10FFFF. (yajl
- * checks only the shape of multi-byte sequences.) */
-bool ces_utf8_valid(const char *s, size_t len);
-/* The offset of the first byte of s[0..len) that breaks ces_utf8_valid's rules, or len. */
-size_t ces_utf8_check(const char *s, size_t len);
 
 #endif
