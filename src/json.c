@@ -296,26 +296,39 @@ static int open_container(ces_json_parser_t *p, ces_json_type_t type) {
 
 static int close_container(ces_json_parser_t *p) {
     frame_t *f = &p->frames[p->depth - 1];
-    ces_json_t closed = {.type = f->type, .count = f->count};
-    if (f->count > 0) {
-        if (f->type == CES_JSON_OBJECT) {
-            closed.members = ces_arena_alloc(p->arena, f->count * sizeof(ces_json_member_t));
-            if (closed.members == NULL)
+    ces_json_type_t type = f->type;
+    size_t count = f->count;
+    void *children = NULL;
+    if (count > 0) {
+        if (type == CES_JSON_OBJECT) {
+            ces_json_member_t *members = ces_arena_alloc(p->arena, count * sizeof(*members));
+            if (members == NULL)
                 return fail(p, "out of memory");
-            memcpy(closed.members, f->members, f->count * sizeof(ces_json_member_t));
+            memcpy(members, f->members, count * sizeof(*members));
+            children = members;
         } else {
-            closed.items = ces_arena_alloc(p->arena, f->count * sizeof(ces_json_t));
-            if (closed.items == NULL)
+            ces_json_t *items = ces_arena_alloc(p->arena, count * sizeof(*items));
+            if (items == NULL)
                 return fail(p, "out of memory");
-            for (size_t i = 0; i < f->count; i++)
-                closed.items[i] = f->members[i].value;
+            for (size_t i = 0; i < count; i++)
+                items[i] = f->members[i].value;
+            children = items;
         }
     }
     p->depth--;
     ces_json_t *v = next_value(p);
     if (v == NULL)
         return 0;
-    *v = closed;
+    /* Field by field: a node built on the stack and copied whole was read back before its
+     * narrower stores had landed (a store-forwarding stall, most of this function's time). */
+    v->type = type;
+    v->boolean = false;
+    v->may_hold_nul = false;
+    if (type == CES_JSON_OBJECT)
+        v->members = children;
+    else
+        v->items = children;
+    v->count = count;
     return 1;
 }
 
