@@ -216,6 +216,34 @@ static void duplicate_released_after_the_first_went_out(void **state) {
     ces_order_destroy(o);
 }
 
+/* Within a held transaction: a sequence above every held one is new without a look; one below is
+ * looked for, whether it is a copy or arrives late. */
+static void duplicates_within_a_held_transaction(void **state) {
+    (void)state;
+    ces_order_t *o = ces_order_new(4);
+    ces_batch_t batch = {0};
+    static const struct {
+        uint64_t seq;
+        ces_order_status_t want;
+    } adds[] = {{1, CES_ORDER_HELD},      {2, CES_ORDER_HELD},      {3, CES_ORDER_HELD},
+                {2, CES_ORDER_DUPLICATE}, {5, CES_ORDER_HELD},      {4, CES_ORDER_HELD},
+                {4, CES_ORDER_DUPLICATE}, {5, CES_ORDER_DUPLICATE}, {1, CES_ORDER_DUPLICATE},
+                {6, CES_ORDER_HELD}};
+    for (size_t i = 0; i < sizeof(adds) / sizeof(adds[0]); i++) {
+        ces_item_t it = item(2, 7, adds[i].seq, 0, (int64_t)i);
+        if (ces_order_add(o, &it) != adds[i].want)
+            fail_msg("add %zu (sequence %llu): not %s", i, (unsigned long long)adds[i].seq,
+                     adds[i].want == CES_ORDER_HELD ? "held" : "a duplicate");
+    }
+    assert_int_equal(ces_order_duplicates(o), 4);
+    assert_int_equal(ces_order_pop_oldest(o, &batch), 6);
+    for (size_t i = 0; i < 6; i++)
+        assert_int_equal(batch.items[i].event.position.sequence, i + 1);
+    ces_batch_clear(&batch);
+    ces_batch_free(&batch);
+    ces_order_destroy(o);
+}
+
 static void duplicates_held_and_committed(void **state) {
     (void)state;
     ces_order_t *o = ces_order_new(4);
@@ -389,6 +417,7 @@ int main(void) {
         cmocka_unit_test(drops_a_revoked_partitions_events),
         cmocka_unit_test(groups_and_orders),
         cmocka_unit_test(min_offsets_follow_what_is_held),
+        cmocka_unit_test(duplicates_within_a_held_transaction),
         cmocka_unit_test(duplicates_held_and_committed),
         cmocka_unit_test(duplicate_released_after_the_first_went_out),
         cmocka_unit_test(pending_bytes_follow_the_arenas),
