@@ -2,6 +2,7 @@
 
 #include <errno.h>
 #include <poll.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -77,6 +78,21 @@ struct ces_sender_s {
     char *sig; /* the statement signature being built */
     size_t sig_capacity;
     char version[64];
+    /* The last upsert's columns, by its event's shape (the names of its column list and images,
+     * in order, which alone decide them): a table's events nearly always repeat a shape, and
+     * resolving every name of every event was most of building an upsert. The shape is the
+     * batch's (an event's compact copy), and the sender lives for one attempt, in which no table
+     * changes. from[j]: the field for column cols[j], in current, or at ncurrent + k in pkkey. */
+    struct {
+        const ces_catalog_table_t *table;
+        const char *shape; /* names only: the counts tell where each list starts */
+        size_t shape_len;
+        size_t ncols, npkkey, ncurrent, nold;
+        size_t n;
+        long *cols;
+        uint32_t *from;
+        size_t capacity;
+    } recipe;
 };
 
 static void stmt_free(void *value, void *arg) {
@@ -653,11 +669,61 @@ static int new_marks(ces_sender_t *s, const ces_catalog_desc_t *t) {
 /* Gathers into s->cols and s->fields the upsert's columns: those of the new image (the first of
  * names that fold alike), then key columns it lacks (from pkkey), sorted by column index. Returns
  * the count, 0 with *reject set when a key value is missing, or -1. */
+static bool recipe_fits(const ces_sender_t *s, const ces_catalog_table_t *table,
+                        const ces_event_t *ev) {
+    return ev->shape != NULL && s->recipe.table == table && s->recipe.shape_len == ev->shape_len &&
+           s->recipe.ncols == ev->ncols && s->recipe.npkkey == ev->npkkey &&
+           s->recipe.ncurrent == ev->ncurrent && s->recipe.nold == ev->nold &&
+           memcmp(s->recipe.shape, ev->shape, ev->shape_len) == 0;
+}
+
+/* Remembers the columns just gathered for events of ev's shape; without memory, nothing. */
+static void recipe_keep(ces_sender_t *s, const ces_catalog_table_t *table, const ces_event_t *ev,
+                        size_t n) {
+    s->recipe.table = NULL;
+    if (ev->shape == NULL)
+        return;
+    if (n > s->recipe.capacity) {
+        long *cols = realloc(s->recipe.cols, n * sizeof(*cols));
+        if (cols != NULL)
+            s->recipe.cols = cols;
+        uint32_t *from = realloc(s->recipe.from, n * sizeof(*from));
+        if (from != NULL)
+            s->recipe.from = from;
+        if (cols == NULL || from == NULL)
+            return;
+        s->recipe.capacity = n;
+    }
+    for (size_t j = 0; j < n; j++) {
+        const ces_field_t *f = s->fields[j];
+        s->recipe.cols[j] = s->cols[j];
+        s->recipe.from[j] = f >= ev->current && f < ev->current + ev->ncurrent
+                                ? (uint32_t)(f - ev->current)
+                                : (uint32_t)(ev->ncurrent + (size_t)(f - ev->pkkey));
+    }
+    s->recipe.table = table;
+    s->recipe.shape = ev->shape;
+    s->recipe.shape_len = ev->shape_len;
+    s->recipe.ncols = ev->ncols;
+    s->recipe.npkkey = ev->npkkey;
+    s->recipe.ncurrent = ev->ncurrent;
+    s->recipe.nold = ev->nold;
+    s->recipe.n = n;
+}
+
 static long upsert_columns(ces_sender_t *s, ces_catalog_table_t *table, const ces_event_t *ev,
                            ces_reject_t *reject) {
     const ces_catalog_desc_t *t = ces_catalog_desc(table);
     const ces_field_t **fields = s->fields;
     size_t n = 0;
+    if (recipe_fits(s, table, ev)) {
+        for (size_t j = 0; j < s->recipe.n; j++) {
+            uint32_t from = s->recipe.from[j];
+            s->cols[j] = s->recipe.cols[j];
+            fields[j] = from < ev->ncurrent ? &ev->current[from] : &ev->pkkey[from - ev->ncurrent];
+        }
+        return (long)s->recipe.n;
+    }
     if (new_marks(s, t) != 0)
         return -1;
     for (size_t i = 0; i < ev->ncurrent; i++) {
@@ -692,6 +758,7 @@ static long upsert_columns(ces_sender_t *s, ces_catalog_table_t *table, const ce
         s->cols[j] = c;
         fields[j] = f;
     }
+    recipe_keep(s, table, ev, n);
     return (long)n;
 }
 
@@ -972,5 +1039,7 @@ void ces_sender_destroy(ces_sender_t *s) {
     free(s->fields);
     free(s->marks);
     free(s->sig);
+    free(s->recipe.cols);
+    free(s->recipe.from);
     free(s);
 }

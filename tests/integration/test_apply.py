@@ -34,14 +34,15 @@ _lsn = [0x1000]
 
 
 def ces_record(table, cols, op, current=None, old=None, pk=None, db="Db", schema="dbo",
-               sequence=1, lsn=None):
+               sequence=1, lsn=None, pk_values=None):
     """One current-generation CES record (bytes). cols: [(name, sqlserver type)]; current/old:
-    dicts of name -> value (str or None); pk: names of the key columns."""
+    dicts of name -> value (str or None); pk: names of the key columns, whose values pkkey takes
+    from the image, or from pk_values when given."""
     if lsn is None:
         _lsn[0] += 1
         lsn = _lsn[0]
     commit = "00000001:%08X:0001" % lsn
-    image = current if op != "DEL" else old
+    image = pk_values if pk_values is not None else current if op != "DEL" else old
     pkkey = [{"columnname": k, "value": image[k]} for k in (pk or [])]
     data = {
         "eventsource": {
@@ -265,6 +266,26 @@ def test_changes_of_one_key_keep_their_order_inside_a_batch(tmp_path, db):
     assert (total, applied, dead) == (7, 7, 0), err
     assert text_query(db, "SELECT id, a, b, c FROM dbo.partial ORDER BY id") == [
         (1, "a", "1b", "1c"), (2, "a", "2b", "2c"), (3, "3a", "3b", None)]
+
+
+def test_upserts_of_alike_names_in_other_places(tmp_path, db):
+    """The columns of an upsert are remembered by the names of its event, in order; events whose
+    names read the same but sit in other places (the key in pkkey and not in the image, or in the
+    image and no pkkey) take their own columns, in one batch."""
+    cols = [("Id", "int"), ("Name", "nvarchar(20)")]
+    batch = [
+        ces_record("Places", cols, "INS", {"Id": "1", "Name": "one"}, pk=["Id"]),
+        ces_record("Places", cols, "INS", {"Id": "2", "Name": "two"}, pk=["Id"]),
+        ces_record("Places", cols, "UPD", {"Name": "uno"}, pk=["Id"], pk_values={"Id": "1"}),
+        ces_record("Places", cols, "UPD", {"Name": "dos"}, pk=["Id"], pk_values={"Id": "2"}),
+        ces_record("Places", cols, "INS", {"Id": "3", "Name": "three"}),
+        ces_record("Places", cols, "INS", {"Id": "4", "Name": "four"}),
+        ces_record("Places", cols, "UPD", {"Name": "tres"}, pk=["Id"], pk_values={"Id": "3"}),
+    ]
+    (total, applied, dead), _, err = replay_records(db, tmp_path, batch)
+    assert (total, applied, dead) == (7, 7, 0), err
+    assert text_query(db, "SELECT id, name FROM dbo.places ORDER BY id") == [
+        (1, "uno"), (2, "dos"), (3, "tres"), (4, "four")]
 
 
 def test_schema_evolves_mid_stream(tmp_path, db):
