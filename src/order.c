@@ -12,8 +12,9 @@ typedef struct {
     size_t capacity;
     size_t bytes; /* the items' memory (ces_item_bytes) */
     /* At least the greatest sequence number among the items (items leave, it stays): a sequence
-     * above it cannot be a duplicate, which spares the look through the items when they arrive in
-     * order, as they do (the look was a walk over every held item of the transaction per event). */
+     * above it cannot be a duplicate, which spares the walk over every held item of the
+     * transaction when its events arrive in order (from one partition). From several partitions
+     * they interleave, and an event below the greatest is still looked for. */
     uint64_t max_sequence;
 } txn_t;
 
