@@ -695,11 +695,13 @@ static void recipe_keep(ces_sender_t *s, const ces_catalog_table_t *table, const
         s->recipe.capacity = n;
     }
     for (size_t j = 0; j < n; j++) {
-        const ces_field_t *f = s->fields[j];
+        /* Every field is in current or in pkkey; which one, told by address (as integers: C
+         * orders only pointers into one array). */
+        uintptr_t at = (uintptr_t)s->fields[j], current = (uintptr_t)ev->current;
         s->recipe.cols[j] = s->cols[j];
-        s->recipe.from[j] = f >= ev->current && f < ev->current + ev->ncurrent
-                                ? (uint32_t)(f - ev->current)
-                                : (uint32_t)(ev->ncurrent + (size_t)(f - ev->pkkey));
+        s->recipe.from[j] = at - current < ev->ncurrent * sizeof(ces_field_t)
+                                ? (uint32_t)(s->fields[j] - ev->current)
+                                : (uint32_t)(ev->ncurrent + (size_t)(s->fields[j] - ev->pkkey));
     }
     s->recipe.table = table;
     s->recipe.shape = ev->shape;
