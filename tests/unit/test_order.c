@@ -244,6 +244,71 @@ static void duplicates_within_a_held_transaction(void **state) {
     ces_order_destroy(o);
 }
 
+/* A transaction of hundreds of events from four partitions, its events interleaved (each
+ * partition's in sequence order, the partitions apart), so most arrive below the greatest held
+ * sequence and are looked up in its sequence index; copies of held events among them, the
+ * greatest and smallest sequences possible, and a quarter dropped with their partition: a copy
+ * of a dropped event is new again, a copy of a kept one still a duplicate. */
+static bool partition_two(void *arg, const ces_source_t *s) {
+    (void)arg;
+    return s->partition == 2;
+}
+
+static void duplicates_within_a_large_interleaved_transaction(void **state) {
+    (void)state;
+    ces_order_t *o = ces_order_new(4);
+    ces_batch_t batch = {0};
+    int64_t offset = 0;
+    size_t held = 0;
+    /* Partition p carries sequences p+1, p+5, ...: partition 3 runs ahead, 0 behind. */
+    for (int32_t p = 3; p >= 0; p--) {
+        for (uint64_t s = (uint64_t)p + 1; s <= 400; s += 4) {
+            ces_item_t it = item(5, 5, s, p, offset++);
+            assert_int_equal(ces_order_add(o, &it), CES_ORDER_HELD);
+            held++;
+            if (s % 7 == 0) { /* a copy of an event held a while ago */
+                ces_item_t copy = item(5, 5, s - 4 * (s % 3), p, offset++);
+                if (ces_order_add(o, &copy) != CES_ORDER_DUPLICATE)
+                    fail_msg("copy of sequence %llu not a duplicate",
+                             (unsigned long long)(s - 4 * (s % 3)));
+            }
+        }
+    }
+    uint64_t extremes[] = {0, UINT64_MAX};
+    for (size_t i = 0; i < 2; i++) {
+        ces_item_t it = item(5, 5, extremes[i], 1, offset++);
+        ces_item_t copy = item(5, 5, extremes[i], 1, offset++);
+        assert_int_equal(ces_order_add(o, &it), CES_ORDER_HELD);
+        assert_int_equal(ces_order_add(o, &copy), CES_ORDER_DUPLICATE);
+        held++;
+    }
+    /* Never held, below the greatest: new. */
+    ces_item_t gap = item(5, 5, 1000, 1, offset++), below = item(5, 5, 999, 1, offset++);
+    assert_int_equal(ces_order_add(o, &gap), CES_ORDER_HELD);
+    assert_int_equal(ces_order_add(o, &below), CES_ORDER_HELD);
+    held += 2;
+    assert_int_equal(ces_order_pending_events(o), held);
+
+    assert_int_equal(ces_order_drop_sources(o, partition_two, NULL), 100);
+    held -= 100;
+    ces_item_t dropped_again = item(5, 5, 3, 1, offset++), kept_again = item(5, 5, 4, 0, offset++);
+    assert_int_equal(ces_order_add(o, &dropped_again), CES_ORDER_HELD); /* sequence 3 left */
+    assert_int_equal(ces_order_add(o, &kept_again), CES_ORDER_DUPLICATE);
+    held++;
+    ces_item_t kept_copy = item(5, 5, 397, 3, offset++); /* partition 0 held it */
+    assert_int_equal(ces_order_add(o, &kept_copy), CES_ORDER_DUPLICATE);
+
+    assert_int_equal(ces_order_pop_oldest(o, &batch), (long)held);
+    for (size_t i = 1; i < batch.count; i++)
+        assert_true(batch.items[i - 1].event.position.sequence <
+                    batch.items[i].event.position.sequence);
+    assert_int_equal(batch.items[0].event.position.sequence, 0);
+    assert_true(batch.items[batch.count - 1].event.position.sequence == UINT64_MAX);
+    ces_batch_clear(&batch);
+    ces_batch_free(&batch);
+    ces_order_destroy(o);
+}
+
 static void duplicates_held_and_committed(void **state) {
     (void)state;
     ces_order_t *o = ces_order_new(4);
@@ -418,6 +483,7 @@ int main(void) {
         cmocka_unit_test(groups_and_orders),
         cmocka_unit_test(min_offsets_follow_what_is_held),
         cmocka_unit_test(duplicates_within_a_held_transaction),
+        cmocka_unit_test(duplicates_within_a_large_interleaved_transaction),
         cmocka_unit_test(duplicates_held_and_committed),
         cmocka_unit_test(duplicate_released_after_the_first_went_out),
         cmocka_unit_test(pending_bytes_follow_the_arenas),
