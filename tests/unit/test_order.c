@@ -347,6 +347,82 @@ static void duplicates_held_and_committed(void **state) {
     ces_order_destroy(o);
 }
 
+static bool partition_three(void *arg, const ces_source_t *s) {
+    (void)arg;
+    return s->partition == 3;
+}
+
+/* Thousands of transactions in a scrambled order, the oldest popped now and then, a partition's
+ * dropped now and then, new ones after the held array has grown and been moved to its front: every
+ * pop is the oldest held, as a plain model of the held LSNs says. */
+static void release_order_through_growth_and_moves(void **state) {
+    (void)state;
+    ces_order_t *o = ces_order_new(0);
+    ces_batch_t batch = {0};
+    enum { N = 5000 };
+    static uint64_t held[N]; /* the model: LSNs (VLF * 2^40 + low) held, unordered */
+    static int32_t held_partition[N];
+    size_t nheld = 0;
+    uint64_t rng = 12345;
+    size_t pops = 0;
+    for (size_t i = 0; i < N; i++) {
+        rng = rng * 6364136223846793005ULL + 1442695040888963407ULL;
+        uint32_t vlf = (uint32_t)(rng >> 62);
+        uint64_t low = (rng >> 20) & 0xFFFFF;
+        int32_t partition = (int32_t)((rng >> 40) & 3);
+        ces_item_t it = item(vlf, low, 1, partition, (int64_t)i);
+        ces_order_status_t st = ces_order_add(o, &it);
+        bool known = false;
+        for (size_t k = 0; k < nheld; k++)
+            known = known || held[k] == ((uint64_t)vlf << 40 | low);
+        assert_int_equal(st, known ? CES_ORDER_DUPLICATE : CES_ORDER_HELD);
+        if (!known) {
+            held_partition[nheld] = partition;
+            held[nheld++] = (uint64_t)vlf << 40 | low;
+        }
+        if (i % 7 == 6 && nheld > 0) {
+            size_t min = 0;
+            for (size_t k = 1; k < nheld; k++)
+                min = held[k] < held[min] ? k : min;
+            assert_int_equal(ces_order_pop_oldest(o, &batch), 1);
+            const ces_lsn_t *got = &batch.items[0].event.position.commit_lsn;
+            if (((uint64_t)got->high << 40 | got->low) != held[min])
+                fail_msg("pop %zu: not the oldest held", pops);
+            pops++;
+            held[min] = held[--nheld];
+            held_partition[min] = held_partition[nheld];
+            ces_batch_clear(&batch);
+        }
+        if (i % 1000 == 999) {
+            long dropped = ces_order_drop_sources(o, partition_three, NULL);
+            long want = 0;
+            for (size_t k = 0; k < nheld;) {
+                if (held_partition[k] == 3) {
+                    held[k] = held[--nheld];
+                    held_partition[k] = held_partition[nheld];
+                    want++;
+                } else {
+                    k++;
+                }
+            }
+            assert_int_equal(dropped, want);
+        }
+    }
+    assert_int_equal(ces_order_pending_transactions(o), nheld);
+    uint64_t last = 0;
+    while (nheld-- > 0) {
+        assert_int_equal(ces_order_pop_oldest(o, &batch), 1);
+        const ces_lsn_t *got = &batch.items[0].event.position.commit_lsn;
+        uint64_t lsn = (uint64_t)got->high << 40 | got->low;
+        assert_true(lsn > last);
+        last = lsn;
+        ces_batch_clear(&batch);
+    }
+    assert_int_equal(ces_order_pop_oldest(o, &batch), 0);
+    ces_batch_free(&batch);
+    ces_order_destroy(o);
+}
+
 static void dedup_window_survives_churn(void **state) {
     (void)state;
     /* Many inserts and evictions: every position in the window stays findable. */
@@ -489,6 +565,7 @@ int main(void) {
         cmocka_unit_test(pending_bytes_follow_the_arenas),
         cmocka_unit_test(in_flight_positions_are_duplicates),
         cmocka_unit_test(dedup_window_survives_churn),
+        cmocka_unit_test(release_order_through_growth_and_moves),
         cmocka_unit_test(duplicates_found_below_the_highest_position),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
