@@ -27,48 +27,6 @@ struct ces_arena_s {
 #define WHOLE_OFFSET                                                                               \
     ((sizeof(ces_arena_t) + _Alignof(arena_block_t) - 1) & ~(_Alignof(arena_block_t) - 1))
 
-/* Whole arenas (allocations of up to WHOLE_KEPT_MAX bytes) that this thread destroyed, kept for
- * its next ces_arena_new_whole of their size class when it asked for that (ces_arena_keep_whole).
- * A held event's compact copy is one, made when it is taken in and freed when its batch commits:
- * a few thousand at once, then as many again, each a malloc and free of glibc's locked path that
- * missed its caches (3% of the CPU on `insert`). Stacks per 64-byte class, linked through head. */
-#define WHOLE_CLASS 64
-#define WHOLE_KEPT_MAX 8192
-#define WHOLE_CLASSES (WHOLE_KEPT_MAX / WHOLE_CLASS)
-
-typedef struct {
-    ces_arena_t *stack[WHOLE_CLASSES];
-    size_t bytes;
-    size_t max_bytes;
-} kept_wholes_t;
-
-static _Thread_local kept_wholes_t kept;
-
-/* The size class of an allocation of total bytes: its index, or -1 when not kept. */
-static int whole_class(size_t total) {
-    if (total == 0 || total > WHOLE_KEPT_MAX)
-        return -1;
-    return (int)((total - 1) / WHOLE_CLASS);
-}
-
-static void keep_fewer(size_t max_bytes) {
-    for (int c = WHOLE_CLASSES - 1; c >= 0 && kept.bytes > max_bytes; c--) {
-        while (kept.stack[c] != NULL && kept.bytes > max_bytes) {
-            ces_arena_t *a = kept.stack[c];
-            kept.stack[c] = (ces_arena_t *)a->head;
-            kept.bytes -= (size_t)(c + 1) * WHOLE_CLASS;
-            free(a);
-        }
-    }
-}
-
-void ces_arena_keep_whole(size_t max_bytes) {
-    kept.max_bytes = max_bytes;
-    keep_fewer(max_bytes);
-}
-
-size_t ces_arena_kept_bytes(void) { return kept.bytes; }
-
 /* The size of an arena's blocks for a first block of about want bytes, within the usual bounds. */
 static size_t bounded_block_size(size_t want) {
     return want < 256 ? 256 : want > ARENA_BLOCK_SIZE * 8 ? ARENA_BLOCK_SIZE * 8 : want;
@@ -114,23 +72,9 @@ ces_arena_t *ces_arena_new(void) { return ces_arena_new_sized(ARENA_BLOCK_SIZE);
 
 ces_arena_t *ces_arena_new_whole(size_t first_block) {
     size_t size = (first_block + (ARENA_ALIGN - 1)) & ~(size_t)(ARENA_ALIGN - 1);
-    if (size < first_block || size > SIZE_MAX - WHOLE_OFFSET - sizeof(arena_block_t) - WHOLE_CLASS)
+    if (size < first_block || size > SIZE_MAX - WHOLE_OFFSET - sizeof(arena_block_t))
         return NULL;
-    ces_arena_t *a;
-    int c = kept.max_bytes > 0 ? whole_class(WHOLE_OFFSET + sizeof(arena_block_t) + size) : -1;
-    if (c >= 0) {
-        /* The whole class, so that it can be kept and reused for any size of it. */
-        size = (size_t)(c + 1) * WHOLE_CLASS - WHOLE_OFFSET - sizeof(arena_block_t);
-        a = kept.stack[c];
-        if (a != NULL) {
-            kept.stack[c] = (ces_arena_t *)a->head;
-            kept.bytes -= (size_t)(c + 1) * WHOLE_CLASS;
-        } else {
-            a = malloc((size_t)(c + 1) * WHOLE_CLASS);
-        }
-    } else {
-        a = malloc(WHOLE_OFFSET + sizeof(arena_block_t) + size);
-    }
+    ces_arena_t *a = malloc(WHOLE_OFFSET + sizeof(arena_block_t) + size);
     if (a == NULL)
         return NULL;
     arena_block_t *b = (arena_block_t *)((unsigned char *)a + WHOLE_OFFSET);
@@ -153,18 +97,6 @@ void ces_arena_destroy(ces_arena_t *arena) {
         if (b != arena->whole)
             free(b);
         b = next;
-    }
-    if (arena->whole != NULL && kept.max_bytes > 0) {
-        size_t total = WHOLE_OFFSET + sizeof(arena_block_t) + arena->whole->size;
-        int c = whole_class(total);
-        /* Only whole classes were made to be kept (another thread's may have other sizes). */
-        if (c >= 0 && total == (size_t)(c + 1) * WHOLE_CLASS &&
-            kept.bytes + total <= kept.max_bytes) {
-            arena->head = (arena_block_t *)kept.stack[c];
-            kept.stack[c] = arena;
-            kept.bytes += total;
-            return;
-        }
     }
     free(arena);
 }

@@ -20,14 +20,6 @@ ces_arena_t *ces_arena_new_sized(size_t first_block);
  * for an arena sized for exactly what it will hold (a held event and its record), which then costs
  * one malloc. */
 ces_arena_t *ces_arena_new_whole(size_t first_block);
-/* Has the calling thread keep up to max_bytes of the whole arenas (of up to 8 KB) it destroys,
- * and reuse them for its ces_arena_new_whole of the same size class, instead of a free and a
- * malloc each; then such an arena takes its whole size class (at most 63 bytes more). 0 (the
- * default) keeps none and frees what is kept: a thread that asked must end with 0 before it
- * exits, or what it keeps is lost. */
-void ces_arena_keep_whole(size_t max_bytes);
-/* The bytes of whole arenas the calling thread keeps now. */
-size_t ces_arena_kept_bytes(void);
 /* Frees the arena and everything allocated from it. Accepts NULL. */
 void ces_arena_destroy(ces_arena_t *arena);
 

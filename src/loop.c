@@ -28,7 +28,6 @@
  * latency: partition order 16-20 -> 7-9 ms, p99 38-57 -> 24-35 ms) and, side by side, changed
  * no throughput scenario beyond its noise. */
 #define SETTLE_MS 5
-#define PIPELINE_KEPT_WHOLES_DEFAULT (4u << 20) /* when batches are not bounded by bytes */
 
 static int64_t settle_ms(const ces_pipeline_t *p) {
     return p->options.batch_max_ms < SETTLE_MS ? p->options.batch_max_ms : SETTLE_MS;
@@ -194,10 +193,6 @@ ces_pipeline_status_t ces_pipeline_run(ces_pipeline_t *p, const ces_pipeline_hoo
                                        size_t errstr_size) {
     loop_t loop = {.hooks = hooks, .last_pg_check_ms = ces_clock_now_ms()};
     ces_pipeline_status_t st = CES_PIPELINE_OK;
-    /* A committed batch's compact copies are freed together, and as many are made again: up to a
-     * batch's bytes of them are kept for that (this thread makes and frees them all). */
-    ces_arena_keep_whole(p->options.batch_max_bytes > 0 ? p->options.batch_max_bytes
-                                                        : PIPELINE_KEPT_WHOLES_DEFAULT);
     while (st == CES_PIPELINE_OK && !loop.ended && !*stop) {
         int64_t now = ces_clock_now_ms();
         turn_hook(&loop, now, false);
@@ -220,6 +215,5 @@ ces_pipeline_status_t ces_pipeline_run(ces_pipeline_t *p, const ces_pipeline_hoo
     /* Records read ahead and not taken in are read again after a restart, like anything not
      * committed; their handles go back to the feed now, before the feed goes. */
     ces_intake_drop(p);
-    ces_arena_keep_whole(0);
     return st;
 }

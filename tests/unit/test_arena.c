@@ -95,63 +95,12 @@ static void whole_arena_keeps_its_block(void **state) {
     ces_arena_destroy(a);
 }
 
-/* A thread that keeps its whole arenas reuses a destroyed one for the next of its size class,
- * within the bytes it keeps; other sizes and large ones come and go as before; 0 frees them all
- * (valgrind and LeakSanitizer would find any left). */
-static void whole_arenas_kept_for_reuse(void **state) {
-    (void)state;
-    ces_arena_keep_whole(3000);
-    ces_arena_t *a = ces_arena_new_whole(1000);
-    size_t footprint = ces_arena_footprint(a);
-    assert_int_equal(footprint % 64, 0); /* its whole class */
-    assert_true(footprint >= 1000 && footprint < 1000 + 64 + 128);
-    char *first = ces_arena_alloc(a, 1000);
-    assert_non_null(first);
-    memset(first, 'a', 1000);
-    fill(a, 20, 100); /* outgrown: the blocks beyond go, the whole one is kept */
-    ces_arena_destroy(a);
-    ces_arena_t *b = ces_arena_new_whole(1000 + 8);
-    assert_ptr_equal(b, a);
-    assert_int_equal(ces_arena_footprint(b), footprint);
-    assert_ptr_equal(ces_arena_alloc(b, 1000), first);
-    ces_arena_t *other = ces_arena_new_whole(2000); /* another class: a new one */
-    assert_ptr_not_equal(other, a);
-    ces_arena_t *c = ces_arena_new_whole(1000); /* b is in use: a new one of the class */
-    assert_ptr_not_equal(c, b);
-    /* Kept up to 3000 bytes: b and c (about 2,200 together), not also other. */
-    ces_arena_destroy(b);
-    ces_arena_destroy(c);
-    assert_int_equal(ces_arena_kept_bytes(), 2 * footprint);
-    ces_arena_destroy(other);
-    assert_int_equal(ces_arena_kept_bytes(), 2 * footprint);
-    ces_arena_t *again = ces_arena_new_whole(1000);
-    assert_ptr_equal(again, c); /* the last kept first */
-    ces_arena_t *again2 = ces_arena_new_whole(1000);
-    assert_ptr_equal(again2, b);
-    assert_int_equal(ces_arena_kept_bytes(), 0);
-    ces_arena_destroy(again);
-    ces_arena_destroy(again2);
-    /* Larger than 8 KB: not kept. */
-    ces_arena_t *large = ces_arena_new_whole(20000);
-    assert_non_null(large);
-    assert_true(ces_arena_footprint(large) < 20000 + 128);
-    ces_arena_destroy(large);
-    assert_int_equal(ces_arena_kept_bytes(), 2 * footprint);
-    ces_arena_keep_whole(0);
-    assert_int_equal(ces_arena_kept_bytes(), 0);
-    /* Kept no more: made and freed as before. */
-    ces_arena_t *plain = ces_arena_new_whole(1000);
-    assert_true(ces_arena_footprint(plain) < 1000 + 128);
-    ces_arena_destroy(plain);
-}
-
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(reset_keeps_a_single_block),
         cmocka_unit_test(reset_merges_blocks_into_one),
         cmocka_unit_test(reset_does_not_keep_a_huge_block),
         cmocka_unit_test(whole_arena_keeps_its_block),
-        cmocka_unit_test(whole_arenas_kept_for_reuse),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
