@@ -31,7 +31,7 @@ typedef struct {
 #define ORDER_WALK_MAX 16 /* a transaction holding more is looked up in its sequence index */
 
 #define ORDER_SPARE_TXNS 1024
-#define ORDER_SPARE_ITEM_BYTES (1u << 20) /* the spares' item arrays together */
+#define ORDER_SPARE_ITEM_BYTES (256u << 10) /* the spares' item arrays together */
 
 /* A binary min-heap of offsets. */
 typedef struct {
