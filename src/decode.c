@@ -86,56 +86,70 @@ static bool has_nul(const ces_json_t *v) {
     return v->may_hold_nul && memchr(v->text, '\0', v->text_len) != NULL;
 }
 
-/* A string attribute: absent is allowed when !required; any other type is rejected. (Inline, like
- * the two below, so that ces_json_get sees the literal key and its length is a constant.) */
-static inline ces_decode_status_t get_string(const ces_json_t *obj, const char *where,
-                                             const char *key, bool required, const char **out,
-                                             char *errstr, size_t errstr_size) {
+/* Why an attribute get_string, get_int or get_bool wanted is not there or not of its type. Out of
+ * line: the three are inlined at every use (about forty a record), so that ces_json_get sees the
+ * literal key, its length is a constant and the names compare without a call to memcmp. */
+static __attribute__((noinline, cold)) ces_decode_status_t
+attribute_rejected(const ces_json_t *v, const char *where, const char *key, ces_json_type_t wanted,
+                   char *errstr, size_t errstr_size) {
+    if (v == NULL)
+        REJECT("%s: missing required attribute '%s'", where, key);
+    if (v->type == wanted && wanted == CES_JSON_STRING)
+        REJECT("%s: attribute '%s' contains a NUL byte", where, key);
+    if (v->type == wanted && wanted == CES_JSON_NUMBER)
+        REJECT("%s: attribute '%s' is not an integer: %.40s", where, key, v->text);
+    REJECT("%s: attribute '%s' must be %s, not %s", where, key,
+           wanted == CES_JSON_STRING   ? "a string"
+           : wanted == CES_JSON_NUMBER ? "an integer"
+                                       : "a boolean",
+           ces_json_type_name(v->type));
+}
+
+#define ALWAYS_INLINE inline __attribute__((always_inline))
+
+/* A string attribute: absent is allowed when !required; any other type is rejected. */
+static ALWAYS_INLINE ces_decode_status_t get_string(const ces_json_t *obj, const char *where,
+                                                    const char *key, bool required,
+                                                    const char **out, char *errstr,
+                                                    size_t errstr_size) {
     const ces_json_t *v = ces_json_get(obj, key);
     *out = NULL;
-    if (v == NULL || (v->type == CES_JSON_NULL && !required)) {
-        if (required)
-            REJECT("%s: missing required attribute '%s'", where, key);
+    if (v != NULL && v->type == CES_JSON_STRING && !has_nul(v)) {
+        *out = v->text;
         return CES_DECODE_OK;
     }
-    if (v->type != CES_JSON_STRING)
-        REJECT("%s: attribute '%s' must be a string, not %s", where, key,
-               ces_json_type_name(v->type));
-    if (has_nul(v))
-        REJECT("%s: attribute '%s' contains a NUL byte", where, key);
-    *out = v->text;
-    return CES_DECODE_OK;
+    if ((v == NULL || v->type == CES_JSON_NULL) && !required)
+        return CES_DECODE_OK;
+    return attribute_rejected(v, where, key, CES_JSON_STRING, errstr, errstr_size);
 }
 
-static inline ces_decode_status_t get_int(const ces_json_t *obj, const char *where,
-                                          const char *key, int64_t *out, char *errstr,
-                                          size_t errstr_size) {
+static ALWAYS_INLINE ces_decode_status_t get_int(const ces_json_t *obj, const char *where,
+                                                 const char *key, int64_t *out, char *errstr,
+                                                 size_t errstr_size) {
     const ces_json_t *v = ces_json_get(obj, key);
-    if (v == NULL)
-        REJECT("%s: missing required attribute '%s'", where, key);
-    if (v->type != CES_JSON_NUMBER)
-        REJECT("%s: attribute '%s' must be an integer, not %s", where, key,
-               ces_json_type_name(v->type));
-    char *end;
-    errno = 0;
-    long long n = strtoll(v->text, &end, 10);
-    if (errno != 0 || *end != '\0')
-        REJECT("%s: attribute '%s' is not an integer: %.40s", where, key, v->text);
-    *out = n;
-    return CES_DECODE_OK;
+    *out = 0;
+    if (v != NULL && v->type == CES_JSON_NUMBER) {
+        char *end;
+        errno = 0;
+        long long n = strtoll(v->text, &end, 10);
+        if (errno == 0 && *end == '\0') {
+            *out = n;
+            return CES_DECODE_OK;
+        }
+    }
+    return attribute_rejected(v, where, key, CES_JSON_NUMBER, errstr, errstr_size);
 }
 
-static inline ces_decode_status_t get_bool(const ces_json_t *obj, const char *where,
-                                           const char *key, bool *out, char *errstr,
-                                           size_t errstr_size) {
+static ALWAYS_INLINE ces_decode_status_t get_bool(const ces_json_t *obj, const char *where,
+                                                  const char *key, bool *out, char *errstr,
+                                                  size_t errstr_size) {
     const ces_json_t *v = ces_json_get(obj, key);
-    if (v == NULL)
-        REJECT("%s: missing required attribute '%s'", where, key);
-    if (v->type != CES_JSON_BOOL)
-        REJECT("%s: attribute '%s' must be a boolean, not %s", where, key,
-               ces_json_type_name(v->type));
-    *out = v->boolean;
-    return CES_DECODE_OK;
+    *out = false;
+    if (v != NULL && v->type == CES_JSON_BOOL) {
+        *out = v->boolean;
+        return CES_DECODE_OK;
+    }
+    return attribute_rejected(v, where, key, CES_JSON_BOOL, errstr, errstr_size);
 }
 
 static bool same_key(const ces_json_member_t *a, const ces_json_member_t *b) {
