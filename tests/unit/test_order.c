@@ -249,9 +249,9 @@ static void duplicates_within_a_held_transaction(void **state) {
  * sequence and are looked up in its sequence index; copies of held events among them, the
  * greatest and smallest sequences possible, and a quarter dropped with their partition: a copy
  * of a dropped event is new again, a copy of a kept one still a duplicate. */
-static bool partition_two(void *arg, const ces_source_t *s) {
-    (void)arg;
-    return s->partition == 2;
+/* Picks the sources of the partition *arg. */
+static bool in_partition(void *arg, const ces_source_t *s) {
+    return s->partition == *(const int32_t *)arg;
 }
 
 static void duplicates_within_a_large_interleaved_transaction(void **state) {
@@ -289,7 +289,8 @@ static void duplicates_within_a_large_interleaved_transaction(void **state) {
     held += 2;
     assert_int_equal(ces_order_pending_events(o), held);
 
-    assert_int_equal(ces_order_drop_sources(o, partition_two, NULL), 100);
+    int32_t two = 2;
+    assert_int_equal(ces_order_drop_sources(o, in_partition, &two), 100);
     held -= 100;
     ces_item_t dropped_again = item(5, 5, 3, 1, offset++), kept_again = item(5, 5, 4, 0, offset++);
     assert_int_equal(ces_order_add(o, &dropped_again), CES_ORDER_HELD); /* sequence 3 left */
@@ -347,11 +348,6 @@ static void duplicates_held_and_committed(void **state) {
     ces_order_destroy(o);
 }
 
-static bool partition_three(void *arg, const ces_source_t *s) {
-    (void)arg;
-    return s->partition == 3;
-}
-
 /* Thousands of transactions in a scrambled order, the oldest popped now and then, a partition's
  * dropped now and then, new ones after the held array has grown and been moved to its front: every
  * pop is the oldest held, as a plain model of the held LSNs says. */
@@ -394,7 +390,8 @@ static void release_order_through_growth_and_moves(void **state) {
             ces_batch_clear(&batch);
         }
         if (i % 1000 == 999) {
-            long dropped = ces_order_drop_sources(o, partition_three, NULL);
+            int32_t three = 3;
+            long dropped = ces_order_drop_sources(o, in_partition, &three);
             long want = 0;
             for (size_t k = 0; k < nheld;) {
                 if (held_partition[k] == 3) {
