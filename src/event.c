@@ -72,14 +72,6 @@ int ces_lsn_parse_operator(const char *text, ces_lsn_t *lsn) {
     return ces_lsn_parse(text, len, lsn);
 }
 
-int ces_lsn_compare(ces_lsn_t a, ces_lsn_t b) {
-    if (a.high != b.high)
-        return a.high < b.high ? -1 : 1;
-    if (a.low != b.low)
-        return a.low < b.low ? -1 : 1;
-    return 0;
-}
-
 void ces_lsn_format(ces_lsn_t lsn, char buf[23]) {
     snprintf(buf, 23, "%08X:%08X:%04X", (unsigned)lsn.high, (unsigned)(lsn.low >> 16),
              (unsigned)(lsn.low & 0xFFFF));

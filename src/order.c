@@ -531,17 +531,13 @@ void ces_order_committed(ces_order_t *o, const ces_batch_t *batch) {
     }
 }
 
-static inline bool lsn_less(ces_lsn_t a, ces_lsn_t b) {
-    return a.high != b.high ? a.high < b.high : a.low < b.low;
-}
-
 /* Index (from head) of the first transaction whose LSN is >= lsn. */
 static size_t lower_bound(const ces_order_t *o, ces_lsn_t lsn) {
     const ces_lsn_t *lsns = o->lsns + o->head;
     size_t lo = 0, hi = o->count;
     while (lo < hi) {
         size_t mid = (lo + hi) / 2;
-        if (lsn_less(lsns[mid], lsn))
+        if (ces_lsn_compare(lsns[mid], lsn) < 0)
             lo = mid + 1;
         else
             hi = mid;
@@ -551,7 +547,7 @@ static size_t lower_bound(const ces_order_t *o, ces_lsn_t lsn) {
 
 static txn_t *find_or_insert(ces_order_t *o, ces_lsn_t lsn) {
     size_t at = lower_bound(o, lsn);
-    if (at < o->count && !lsn_less(lsn, o->lsns[o->head + at]))
+    if (at < o->count && ces_lsn_compare(o->lsns[o->head + at], lsn) == 0)
         return o->txns[o->head + at];
     if (o->head + o->count == o->capacity) {
         if (o->head > 0) {
