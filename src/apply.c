@@ -170,6 +170,10 @@ static int prepare_tables(ces_apply_t *a, ces_batch_t *batch, ces_catalog_table_
                           ces_pgerr_t *e) {
     for (size_t i = 0; i < batch->count; i++) {
         ces_item_t *item = &batch->items[i];
+        if (i + CES_ITEM_AHEAD < batch->count) { /* the names and the shape it compares */
+            ces_item_prefetch(item[CES_ITEM_AHEAD].event.db);
+            ces_item_prefetch(item[CES_ITEM_AHEAD].event.shape);
+        }
         tables[i] = NULL;
         if (item->kind != CES_ITEM_EVENT)
             continue;
@@ -245,6 +249,10 @@ static int attempt_send(ces_apply_t *a, attempt_t *at) {
         return -1;
     for (size_t i = 0; i < batch->count; i++) {
         ces_item_t *item = &batch->items[i];
+        if (i + CES_ITEM_AHEAD < batch->count) { /* its fields, and the first of their values */
+            ces_item_prefetch(item[CES_ITEM_AHEAD].event.pkkey);
+            ces_item_prefetch(item[CES_ITEM_AHEAD].event.table);
+        }
         if (item->kind == CES_ITEM_EVENT) {
             ces_reject_t reject = {0};
             if (ces_sender_event(s, (long)i, item, at->tables[i], &reject) != 0)

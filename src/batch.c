@@ -83,8 +83,11 @@ int ces_batch_item_reject(ces_item_t *item, ces_dl_class_t cls, const char *reas
 }
 
 void ces_batch_clear(ces_batch_t *batch) {
-    for (size_t i = 0; i < batch->count; i++)
+    for (size_t i = 0; i < batch->count; i++) {
+        if (i + CES_ITEM_AHEAD < batch->count)
+            ces_item_prefetch(batch->items[i + CES_ITEM_AHEAD].arena);
         ces_arena_destroy(batch->items[i].arena);
+    }
     batch->count = 0;
     batch->bytes = 0;
     batch->noffsets = 0;

@@ -157,6 +157,58 @@ static void renders_bounded_labels(void **state) {
     ces_metrics_destroy(m);
 }
 
+/* Many tables, interleaved, in several batches: each one's events counted under its own name,
+ * however often the tables change and whichever names share a prefix. */
+static void counts_each_of_many_interleaved_tables(void **state) {
+    (void)state;
+    ces_metrics_t *m = ces_metrics_new();
+    assert_non_null(m);
+    static const char *const schemas[] = {"dbo", "dbo", "dbo", "dbo.t1", "sales", "dbo",
+                                          "dbo", "db",  "dbo", "dbo",    "dbo",   "x",
+                                          "dbo", NULL, "dbo_x", "dbo"};
+    static const char *const tables[] = {"t1", "t10", "t11", "x", "t1", "t1x",
+                                         "T1", "o.t1", "t2", "t3", "t4",  "dbo.t1",
+                                         "",   "t5",  "t1", "x.t1"};
+    enum { NTABLES = sizeof(tables) / sizeof(tables[0]) };
+    uint64_t expected[NTABLES][4] = {{0}};
+    for (int round = 0; round < 3; round++) {
+        ces_batch_t batch = {0};
+        for (unsigned k = 0; k < 500; k++) {
+            unsigned t = (k * 7 + k / 13 + (unsigned)round * 5) % NTABLES;
+            if (k % 9 < 4) /* runs of one table too */
+                t = (k / 9) % NTABLES;
+            ces_op_t op = (ces_op_t)(1 + (k + t) % 3);
+            ces_item_t *item = ces_batch_add(&batch);
+            assert_non_null(item);
+            item->kind = CES_ITEM_EVENT;
+            item->event.op = op;
+            item->event.schema = schemas[t];
+            item->event.table = tables[t];
+            expected[t][op]++;
+        }
+        ces_metrics_add_batch(m, &batch, 0.01);
+        free(batch.items);
+        free(batch.offsets);
+    }
+    /* Joined with '.', every pair of these names makes a different key; many share a prefix. */
+    char *page;
+    size_t len;
+    assert_int_equal(ces_metrics_render(m, &page, &len), 0);
+    static const char *const op_label[4] = {NULL, "insert", "update", "delete"};
+    for (size_t t = 0; t < NTABLES; t++) {
+        for (int op = 1; op <= 3; op++) {
+            char line[160];
+            snprintf(line, sizeof(line), "ces2pg_events_applied_total{op=\"%s\",table=\"%s.%s\"} %llu\n",
+                     op_label[op], schemas[t] ? schemas[t] : "", tables[t],
+                     (unsigned long long)expected[t][op]);
+            if (expected[t][op] > 0 && strstr(page, line) == NULL)
+                fail_msg("missing: %s", line);
+        }
+    }
+    free(page);
+    ces_metrics_destroy(m);
+}
+
 static char path[64];
 
 static void write_file(char *name, const char *text) {
@@ -223,6 +275,7 @@ int main(void) {
         cmocka_unit_test(counts_dead_letters_by_class),
         cmocka_unit_test(counts_late_events_and_torn_transactions),
         cmocka_unit_test(renders_bounded_labels),
+        cmocka_unit_test(counts_each_of_many_interleaved_tables),
         cmocka_unit_test(expands_environment_and_reads_secrets),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
