@@ -108,19 +108,29 @@ attribute_rejected(const ces_json_t *v, const char *where, const char *key, ces_
 #define ALWAYS_INLINE inline __attribute__((always_inline))
 
 /* A string attribute: absent is allowed when !required; any other type is rejected. */
-static ALWAYS_INLINE ces_decode_status_t get_string(const ces_json_t *obj, const char *where,
-                                                    const char *key, bool required,
-                                                    const char **out, char *errstr,
-                                                    size_t errstr_size) {
+static ALWAYS_INLINE ces_decode_status_t get_string_n(const ces_json_t *obj, const char *where,
+                                                      const char *key, bool required,
+                                                      const char **out, size_t *out_len,
+                                                      char *errstr, size_t errstr_size) {
     const ces_json_t *v = ces_json_get(obj, key);
     *out = NULL;
+    *out_len = 0;
     if (v != NULL && v->type == CES_JSON_STRING && !has_nul(v)) {
         *out = v->text;
+        *out_len = v->text_len;
         return CES_DECODE_OK;
     }
     if ((v == NULL || v->type == CES_JSON_NULL) && !required)
         return CES_DECODE_OK;
     return attribute_rejected(v, where, key, CES_JSON_STRING, errstr, errstr_size);
+}
+
+static ALWAYS_INLINE ces_decode_status_t get_string(const ces_json_t *obj, const char *where,
+                                                    const char *key, bool required,
+                                                    const char **out, char *errstr,
+                                                    size_t errstr_size) {
+    size_t len;
+    return get_string_n(obj, where, key, required, out, &len, errstr, errstr_size);
 }
 
 static ALWAYS_INLINE ces_decode_status_t get_int(const ces_json_t *obj, const char *where,
@@ -422,6 +432,7 @@ static ces_decode_status_t decode_image(ces_decoder_t *decoder, ces_arena_t *are
         const ces_json_member_t *m = &obj->members[i];
         TRY(check_name(where, "column name", m->key, m->key_len, errstr, errstr_size));
         out[i].name = m->key;
+        out[i].name_len = m->key_len;
         out[i].is_null = false;
         TRY(take_value(decoder, where, m->key, &m->value, &out[i], errstr, errstr_size));
     }
@@ -450,12 +461,13 @@ static ces_decode_status_t decode_cols(ces_decoder_t *decoder, ces_arena_t *aren
         const ces_json_t *c = &cols->items[i];
         if (c->type != CES_JSON_OBJECT)
             REJECT("eventsource.cols[%zu] must be an object", i);
-        TRY(get_string(c, "eventsource.cols", "name", true, &event->cols[i].name, errstr,
+        ces_column_t *col = &event->cols[i];
+        TRY(get_string_n(c, "eventsource.cols", "name", true, &col->name, &col->name_len, errstr,
+                         errstr_size));
+        TRY(check_name("eventsource.cols", "column name", col->name, col->name_len, errstr,
                        errstr_size));
-        TRY(check_name("eventsource.cols", "column name", event->cols[i].name,
-                       strlen(event->cols[i].name), errstr, errstr_size));
-        TRY(get_string(c, "eventsource.cols", "type", true, &event->cols[i].type, errstr,
-                       errstr_size));
+        TRY(get_string_n(c, "eventsource.cols", "type", true, &col->type, &col->type_len, errstr,
+                         errstr_size));
     }
     event->ncols = cols->count;
     return CES_DECODE_OK;
@@ -482,8 +494,9 @@ static ces_decode_status_t decode_pkkey(ces_decoder_t *decoder, ces_arena_t *are
         if (k->type != CES_JSON_OBJECT)
             REJECT("eventsource.pkkey[%zu] must be an object", i);
         ces_field_t *f = &event->pkkey[i];
-        TRY(get_string(k, "eventsource.pkkey", "columnname", true, &f->name, errstr, errstr_size));
-        TRY(check_name("eventsource.pkkey", "column name", f->name, strlen(f->name), errstr,
+        TRY(get_string_n(k, "eventsource.pkkey", "columnname", true, &f->name, &f->name_len,
+                         errstr, errstr_size));
+        TRY(check_name("eventsource.pkkey", "column name", f->name, f->name_len, errstr,
                        errstr_size));
         const ces_json_t *v = ces_json_get(k, "value");
         if (v == NULL)
@@ -610,13 +623,16 @@ static ces_decode_status_t decode_event(ces_decoder_t *decoder, ces_arena_t *are
     if (source == NULL || source->type != CES_JSON_OBJECT)
         REJECT("data: missing required object 'eventsource'");
     TRY(check_unique_keys(decoder, source, "eventsource", errstr, errstr_size));
-    TRY(get_string(source, "eventsource", "db", true, &event->db, errstr, errstr_size));
-    TRY(get_string(source, "eventsource", "schema", true, &event->schema, errstr, errstr_size));
-    TRY(get_string(source, "eventsource", "tbl", true, &event->table, errstr, errstr_size));
-    TRY(check_name("eventsource", "db", event->db, strlen(event->db), errstr, errstr_size));
-    TRY(check_name("eventsource", "schema", event->schema, strlen(event->schema), errstr,
-                   errstr_size));
-    TRY(check_name("eventsource", "tbl", event->table, strlen(event->table), errstr, errstr_size));
+    size_t db_len, schema_len, table_len;
+    TRY(get_string_n(source, "eventsource", "db", true, &event->db, &db_len, errstr,
+                     errstr_size));
+    TRY(get_string_n(source, "eventsource", "schema", true, &event->schema, &schema_len, errstr,
+                     errstr_size));
+    TRY(get_string_n(source, "eventsource", "tbl", true, &event->table, &table_len, errstr,
+                     errstr_size));
+    TRY(check_name("eventsource", "db", event->db, db_len, errstr, errstr_size));
+    TRY(check_name("eventsource", "schema", event->schema, schema_len, errstr, errstr_size));
+    TRY(check_name("eventsource", "tbl", event->table, table_len, errstr, errstr_size));
     TRY(decode_cols(decoder, arena, source, event, errstr, errstr_size));
     TRY(decode_pkkey(decoder, arena, source, event, errstr, errstr_size));
     TRY(decode_position(source, envelope, event, errstr, errstr_size));

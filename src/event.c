@@ -176,7 +176,7 @@ static void dump_fields(FILE *out, const char *label, const ces_field_t *fields,
     fprintf(out, "%s: %zu\n", label, count);
     for (size_t i = 0; i < count; i++) {
         fprintf(out, "  ");
-        dump_text(out, fields[i].name, strlen(fields[i].name));
+        dump_text(out, fields[i].name, fields[i].name_len);
         fputs(" = ", out);
         if (fields[i].is_null)
             fputs("NULL", out);
@@ -203,8 +203,10 @@ void ces_event_dump(const ces_event_t *ev, FILE *out) {
     fprintf(out, "\ncols: %zu\n", ev->ncols);
     for (size_t i = 0; i < ev->ncols; i++) {
         fputs("  ", out);
-        dump_text(out, ev->cols[i].name, strlen(ev->cols[i].name));
-        fprintf(out, " %s\n", ev->cols[i].type);
+        dump_text(out, ev->cols[i].name, ev->cols[i].name_len);
+        fputc(' ', out);
+        fwrite(ev->cols[i].type, 1, ev->cols[i].type_len, out);
+        fputc('\n', out);
     }
     dump_fields(out, "pkkey", ev->pkkey, ev->npkkey);
     dump_fields(out, "old", ev->old, ev->nold);
@@ -212,9 +214,9 @@ void ces_event_dump(const ces_event_t *ev, FILE *out) {
 }
 
 /* The compact copy is one allocation: the arrays first (aligned for their structs), then the
- * shape's names in one run, then every other text, packed end to end, each with its NUL.
- * Measuring walks the texts once with strlen; copying walks them once more with stpcpy, so no
- * text is scanned twice in one pass. */
+ * shape's names in one run, then every other text, packed end to end, each with its NUL. Names,
+ * types and values come with their lengths (a wide event has dozens of each); the envelope's few
+ * texts are measured with strlen and copied with stpcpy. */
 static size_t aligned(size_t n) { return (n + 15) & ~(size_t)15; }
 
 static size_t text_bytes(const char *s) { return s == NULL ? 0 : strlen(s) + 1; }
@@ -222,7 +224,7 @@ static size_t text_bytes(const char *s) { return s == NULL ? 0 : strlen(s) + 1; 
 static size_t fields_bytes(const ces_field_t *f, size_t n, size_t *names) {
     size_t values = 0;
     for (size_t i = 0; i < n; i++) {
-        *names += text_bytes(f[i].name);
+        *names += f[i].name_len + 1;
         values += f[i].value ? f[i].value_len + 1 : 0;
     }
     return values;
@@ -236,6 +238,15 @@ static const char *put_text(char **w, const char *s) {
     return at;
 }
 
+/* s[0..len) and a NUL at *w; s is not NULL. */
+static const char *put_text_n(char **w, const char *s, size_t len) {
+    char *at = *w;
+    memcpy(at, s, len);
+    at[len] = '\0';
+    *w = at + len + 1;
+    return at;
+}
+
 /* Names go to *names (the shape's run), values to *w. */
 static ces_field_t *put_fields(char **names, char **w, ces_field_t *c, const ces_field_t *f,
                                size_t n) {
@@ -243,14 +254,9 @@ static ces_field_t *put_fields(char **names, char **w, ces_field_t *c, const ces
         return NULL;
     for (size_t i = 0; i < n; i++) {
         c[i] = f[i];
-        c[i].name = put_text(names, f[i].name);
-        if (f[i].value != NULL) {
-            char *at = *w;
-            memcpy(at, f[i].value, f[i].value_len);
-            at[f[i].value_len] = '\0';
-            c[i].value = at;
-            *w = at + f[i].value_len + 1;
-        }
+        c[i].name = put_text_n(names, f[i].name, f[i].name_len);
+        if (f[i].value != NULL)
+            c[i].value = put_text_n(w, f[i].value, f[i].value_len);
     }
     return c;
 }
@@ -264,7 +270,7 @@ ces_arena_t *ces_event_copy_new(const ces_event_t *e, size_t extra, ces_event_t 
     size_t text = text_bytes(e->id) + text_bytes(e->logicalid) + text_bytes(e->time) +
                   text_bytes(e->db) + text_bytes(e->schema) + text_bytes(e->table);
     for (size_t i = 0; i < e->ncols; i++)
-        shape += text_bytes(e->cols[i].name) + text_bytes(e->cols[i].type);
+        shape += e->cols[i].name_len + e->cols[i].type_len + 2;
     text += fields_bytes(e->pkkey, e->npkkey, &shape) +
             fields_bytes(e->current, e->ncurrent, &shape) + fields_bytes(e->old, e->nold, &shape);
     size_t arrays = cols + pkkey + old + current;
@@ -289,8 +295,9 @@ ces_arena_t *ces_event_copy_new(const ces_event_t *e, size_t extra, ces_event_t 
     if (e->ncols > 0) {
         copy->cols = (ces_column_t *)block;
         for (size_t i = 0; i < e->ncols; i++) {
-            copy->cols[i].name = put_text(&names, e->cols[i].name);
-            copy->cols[i].type = put_text(&names, e->cols[i].type);
+            copy->cols[i] = e->cols[i];
+            copy->cols[i].name = put_text_n(&names, e->cols[i].name, e->cols[i].name_len);
+            copy->cols[i].type = put_text_n(&names, e->cols[i].type, e->cols[i].type_len);
         }
     }
     copy->pkkey = put_fields(&names, &w, (ces_field_t *)(block + cols), e->pkkey, e->npkkey);

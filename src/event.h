@@ -36,13 +36,16 @@ typedef enum {
 /* A column as announced in eventsource.cols: source name and SQL Server type text. */
 typedef struct {
     const char *name;
+    size_t name_len;  /* strlen(name): the decoder knows it, so copies need not measure again */
     const char *type; /* e.g. "nvarchar(50)", "datetime2(7)", "decimal(10,2)" */
+    size_t type_len;
 } ces_column_t;
 
 /* One named value of a row image or of pkkey. A column absent from the image is simply not in the
  * array (unchanged); is_null means SQL NULL. */
 typedef struct {
     const char *name;
+    size_t name_len;   /* strlen(name), as for ces_column_t */
     const char *value; /* NUL-terminated text; NULL when is_null */
     size_t value_len;
     bool is_null;
@@ -117,7 +120,8 @@ ces_arena_t *ces_event_copy_new(const ces_event_t *event, size_t extra, ces_even
 const ces_field_t *ces_fields_find(const ces_field_t *fields, size_t count, const char *name);
 
 /* Writes a stable, line-oriented text form of event (golden files, debugging). Values are printed
- * with C-style escapes so that every byte is visible. */
+ * with C-style escapes so that every byte is visible; names and types as far as their lengths
+ * say (a length that disagrees with the text shows). */
 void ces_event_dump(const ces_event_t *event, FILE *out);
 
 /* Parses an envelope time "YYYY-MM-DDTHH:MM:SS[.fraction][Z|+HH:MM|-HH:MM]" (no zone: UTC, as

@@ -5,16 +5,16 @@
 #include "catalog.h"
 
 static ces_event_t sample_event(void) {
-    static ces_column_t cols[] = {{"ID", "int"},
-                                  {"Name", "nvarchar(50)"},
-                                  {"Shape", "geography"},
-                                  {"Price", "decimal(10,2)"}};
-    static ces_field_t pkkey[] = {{"ID", "1", 1, false}};
-    static ces_field_t current[] = {{"ID", "1", 1, false},
-                                    {"Name", "a", 1, false},
-                                    {"Extra", "x", 1, false},
-                                    {"Price", NULL, 0, true}};
-    static ces_field_t old[] = {{"ID", "1", 1, false}, {"Gone", "y", 1, false}};
+    static ces_column_t cols[] = {TEST_COLUMN("ID", "int"),
+                                  TEST_COLUMN("Name", "nvarchar(50)"),
+                                  TEST_COLUMN("Shape", "geography"),
+                                  TEST_COLUMN("Price", "decimal(10,2)")};
+    static ces_field_t pkkey[] = {TEST_FIELD("ID", "1", 1, false)};
+    static ces_field_t current[] = {TEST_FIELD("ID", "1", 1, false),
+                                    TEST_FIELD("Name", "a", 1, false),
+                                    TEST_FIELD("Extra", "x", 1, false),
+                                    TEST_FIELD("Price", NULL, 0, true)};
+    static ces_field_t old[] = {TEST_FIELD("ID", "1", 1, false), TEST_FIELD("Gone", "y", 1, false)};
     return (ces_event_t){.op = CES_OP_UPDATE,
                          .db = "Sales",
                          .schema = "dbo",

@@ -183,9 +183,10 @@ static void assert_field_copied(const ces_field_t *copy, const ces_field_t *orig
 static void compact_copy_is_one_allocation(void **state) {
     (void)state;
     char name[] = "Id", value[] = "42\0tail", db[] = "db", schema[] = "dbo", table[] = "T";
-    ces_column_t cols[] = {{"Id", "int"}, {"Name", "nvarchar(50)"}};
-    ces_field_t key[] = {{name, value, 2, false}};
-    ces_field_t current[] = {{"Id", value, sizeof(value) - 1, false}, {"Name", NULL, 0, true}};
+    ces_column_t cols[] = {TEST_COLUMN("Id", "int"), TEST_COLUMN("Name", "nvarchar(50)")};
+    ces_field_t key[] = {TEST_FIELD(name, value, 2, false)};
+    ces_field_t current[] = {TEST_FIELD("Id", value, sizeof(value) - 1, false),
+                             TEST_FIELD("Name", NULL, 0, true)};
     ces_event_t ev = {.op = CES_OP_UPDATE, .id = "e1", .logicalid = NULL, .time = NULL,
                       .db = db, .schema = schema, .table = table,
                       .position = {lsn("1:2:3"), 7}, .cols = cols, .ncols = 2,
