@@ -86,7 +86,9 @@ size_t ces_utf8_check_scalar(const char *text, size_t len) {
 #define OVERLONG_2 (1 << 5) /* C0-C1 */
 #define TOO_LARGE_1000 (1 << 6) /* F5-FF 80-8F */
 #define OVERLONG_4 (1 << 6) /* F0 80-8F */
-#define TWO_CONTS (1 << 7)  /* two continuations, not after a lead of 3 or 4 bytes */
+/* Bit 7 (1 << 7), written as the signed char _mm_setr_epi8 takes: two continuations, not after a
+ * lead of 3 or 4 bytes. */
+#define TWO_CONTS (-128)
 #define CARRY (TOO_SHORT | TOO_LONG | TWO_CONTS)
 
 __attribute__((target("ssse3"))) static inline __m128i prev_bytes(__m128i input, __m128i prev,
