@@ -432,7 +432,7 @@ static ces_decode_status_t decode_image(ces_decoder_t *decoder, ces_arena_t *are
         const ces_json_member_t *m = &obj->members[i];
         TRY(check_name(where, "column name", m->key, m->key_len, errstr, errstr_size));
         out[i].name = m->key;
-        out[i].name_len = m->key_len;
+        out[i].name_len = (uint32_t)m->key_len; /* at most CES_DECODE_MAX_NAME_BYTES: checked */
         out[i].is_null = false;
         TRY(take_value(decoder, where, m->key, &m->value, &out[i], errstr, errstr_size));
     }
@@ -462,12 +462,19 @@ static ces_decode_status_t decode_cols(ces_decoder_t *decoder, ces_arena_t *aren
         if (c->type != CES_JSON_OBJECT)
             REJECT("eventsource.cols[%zu] must be an object", i);
         ces_column_t *col = &event->cols[i];
-        TRY(get_string_n(c, "eventsource.cols", "name", true, &col->name, &col->name_len, errstr,
+        size_t name_len, type_len;
+        TRY(get_string_n(c, "eventsource.cols", "name", true, &col->name, &name_len, errstr,
                          errstr_size));
-        TRY(check_name("eventsource.cols", "column name", col->name, col->name_len, errstr,
+        TRY(check_name("eventsource.cols", "column name", col->name, name_len, errstr,
                        errstr_size));
-        TRY(get_string_n(c, "eventsource.cols", "type", true, &col->type, &col->type_len, errstr,
+        TRY(get_string_n(c, "eventsource.cols", "type", true, &col->type, &type_len, errstr,
                          errstr_size));
+        /* SQL Server's longest type names are a schema-qualified user type: 2 x 128 characters. */
+        if (type_len > CES_DECODE_MAX_NAME_BYTES)
+            REJECT("eventsource.cols: type of column '%.128s' longer than %d bytes", col->name,
+                   CES_DECODE_MAX_NAME_BYTES);
+        col->name_len = (uint32_t)name_len;
+        col->type_len = (uint32_t)type_len;
     }
     event->ncols = cols->count;
     return CES_DECODE_OK;
@@ -494,10 +501,12 @@ static ces_decode_status_t decode_pkkey(ces_decoder_t *decoder, ces_arena_t *are
         if (k->type != CES_JSON_OBJECT)
             REJECT("eventsource.pkkey[%zu] must be an object", i);
         ces_field_t *f = &event->pkkey[i];
-        TRY(get_string_n(k, "eventsource.pkkey", "columnname", true, &f->name, &f->name_len,
-                         errstr, errstr_size));
-        TRY(check_name("eventsource.pkkey", "column name", f->name, f->name_len, errstr,
+        size_t name_len;
+        TRY(get_string_n(k, "eventsource.pkkey", "columnname", true, &f->name, &name_len, errstr,
+                         errstr_size));
+        TRY(check_name("eventsource.pkkey", "column name", f->name, name_len, errstr,
                        errstr_size));
+        f->name_len = (uint32_t)name_len;
         const ces_json_t *v = ces_json_get(k, "value");
         if (v == NULL)
             REJECT("eventsource.pkkey: missing required attribute 'value'");

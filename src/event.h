@@ -36,18 +36,21 @@ typedef enum {
 /* A column as announced in eventsource.cols: source name and SQL Server type text. */
 typedef struct {
     const char *name;
-    size_t name_len;  /* strlen(name): the decoder knows it, so copies need not measure again */
     const char *type; /* e.g. "nvarchar(50)", "datetime2(7)", "decimal(10,2)" */
-    size_t type_len;
+    /* strlen of each: the decoder knows them, so copies need not measure again. Both at most
+     * CES_DECODE_MAX_NAME_BYTES (the decoder rejects longer ones), so 32 bits keep the array small
+     * (held events carry it). */
+    uint32_t name_len;
+    uint32_t type_len;
 } ces_column_t;
 
 /* One named value of a row image or of pkkey. A column absent from the image is simply not in the
  * array (unchanged); is_null means SQL NULL. */
 typedef struct {
     const char *name;
-    size_t name_len;   /* strlen(name), as for ces_column_t */
     const char *value; /* NUL-terminated text; NULL when is_null */
     size_t value_len;
+    uint32_t name_len; /* strlen(name), as for ces_column_t */
     bool is_null;
 } ces_field_t;
 

@@ -370,6 +370,84 @@ static char *record_with_row(const char *row, size_t row_len, size_t *len) {
     return rec;
 }
 
+/* A record whose event names its db, one column (in cols, pkkey and the current image) and that
+ * column's type as given. */
+static char *record_with_names(const char *db, const char *column, const char *type,
+                               size_t *len) {
+    size_t dcap = strlen(db) + 4 * strlen(column) + strlen(type) + 512;
+    char *data = malloc(dcap);
+    char *ecol = json_escape(column, strlen(column));
+    int dn = snprintf(data, dcap,
+                      "{\"eventsource\":{\"db\":\"%s\",\"schema\":\"s\",\"tbl\":\"t\",\"cols\":"
+                      "[{\"name\":\"%s\",\"type\":\"%s\"}],\"pkkey\":[{\"columnname\":\"%s\","
+                      "\"value\":\"1\"}],\"transaction\":{\"commitlsn\":\"0000000A:000000FF:0003\","
+                      "\"sequencenumber\":1}},\"eventrow\":{\"old\":\"{}\",\"current\":"
+                      "\"{\\\"%s\\\":1}\"}}",
+                      db, ecol, type, ecol, ecol);
+    char *edata = json_escape(data, (size_t)dn);
+    size_t rcap = strlen(edata) + 512;
+    char *rec = malloc(rcap);
+    int rn = snprintf(rec, rcap,
+                      "{\"specversion\":\"1.0\",\"type\":\"com.microsoft.SQL.CES.DML.V1\","
+                      "\"id\":\"x\",\"logicalid\":\"u:0000000A000000FF0003:00000000000000000001\","
+                      "\"operation\":\"INS\",\"segmentindex\":1,\"finalsegment\":true,"
+                      "\"data\":\"%s\"}",
+                      edata);
+    free(ecol);
+    free(data);
+    free(edata);
+    *len = (size_t)rn;
+    return rec;
+}
+
+/* Names and types are at most CES_DECODE_MAX_NAME_BYTES long (events keep their lengths in 32
+ * bits); at the bound they are whole, with their lengths, in the event. */
+static void names_and_types_are_bounded(void **state) {
+    (void)state;
+    ces_decoder_t *d = new_decoder();
+    char at_bound[CES_DECODE_MAX_NAME_BYTES + 2], over[CES_DECODE_MAX_NAME_BYTES + 2];
+    memset(at_bound, 'n', CES_DECODE_MAX_NAME_BYTES);
+    at_bound[CES_DECODE_MAX_NAME_BYTES] = '\0';
+    memset(over, 'n', CES_DECODE_MAX_NAME_BYTES + 1);
+    over[CES_DECODE_MAX_NAME_BYTES + 1] = '\0';
+    size_t len;
+    char *rec = record_with_names(at_bound, at_bound, at_bound, &len);
+    ces_arena_t *arena = ces_arena_new();
+    ces_envelope_t env;
+    ces_event_t ev;
+    char reason[512] = "";
+    assert_int_equal(ces_decode_envelope(d, arena, rec, len, &env, reason, sizeof(reason)),
+                     CES_DECODE_OK);
+    assert_int_equal(ces_decode_event(d, arena, &env, env.data, env.data_len, &ev, reason,
+                                      sizeof(reason)),
+                     CES_DECODE_OK);
+    assert_int_equal(ev.ncols, 1);
+    assert_int_equal(ev.cols[0].name_len, CES_DECODE_MAX_NAME_BYTES);
+    assert_int_equal(ev.cols[0].type_len, CES_DECODE_MAX_NAME_BYTES);
+    assert_string_equal(ev.cols[0].type, at_bound);
+    assert_int_equal(ev.npkkey, 1);
+    assert_int_equal(ev.pkkey[0].name_len, CES_DECODE_MAX_NAME_BYTES);
+    assert_int_equal(ev.ncurrent, 1);
+    assert_int_equal(ev.current[0].name_len, CES_DECODE_MAX_NAME_BYTES);
+    assert_string_equal(ev.current[0].name, at_bound);
+    ces_arena_destroy(arena);
+    free(rec);
+
+    static const struct {
+        int over; /* 0: db, 1: column, 2: type */
+        const char *reason;
+    } cases[] = {{0, "eventsource: db longer than 512 bytes"},
+                 {1, "eventsource.cols: column name longer than 512 bytes"},
+                 {2, "eventsource.cols: type of column 'c' longer than 512 bytes"}};
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        rec = record_with_names(cases[i].over == 0 ? over : "d", cases[i].over == 1 ? over : "c",
+                                cases[i].over == 2 ? over : "int", &len);
+        expect_rejected(d, rec, len, cases[i].reason);
+        free(rec);
+    }
+    ces_decoder_destroy(d);
+}
+
 /* Hostile JSON built here rather than stored (some of it is megabytes): huge numbers, deep
  * nesting, invalid UTF-8, NULs, duplicated keys. The reasons are pinned in decode/hostile.out. */
 static void golden_hostile_json(void **state) {
@@ -586,6 +664,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(golden_valid),
         cmocka_unit_test(golden_malformed),
+        cmocka_unit_test(names_and_types_are_bounded),
         cmocka_unit_test(example_records),
         cmocka_unit_test(every_prefix_is_rejected),
         cmocka_unit_test(bounds),

@@ -58,8 +58,8 @@ static inline void test_check_golden(const char *path, const char *text, const c
 
 /* A column or a field of a hand-made event, with the lengths the decoder gives (name and type are
  * string literals or arrays, whose sizes count their NUL). */
-#define TEST_COLUMN(name, type) {(name), sizeof(name) - 1, (type), sizeof(type) - 1}
+#define TEST_COLUMN(name, type) {(name), (type), sizeof(name) - 1, sizeof(type) - 1}
 #define TEST_FIELD(name, value, value_len, is_null)                                                \
-    {(name), sizeof(name) - 1, (value), (value_len), (is_null)}
+    {(name), (value), (value_len), sizeof(name) - 1, (is_null)}
 
 #endif
