@@ -650,7 +650,7 @@ long ces_order_pop_oldest(ces_order_t *o, ces_batch_t *batch) {
         ces_item_prefetch(next[3 * CES_ITEM_AHEAD]);
     if (o->count > 2 * CES_ITEM_AHEAD)
         ces_item_prefetch(next[2 * CES_ITEM_AHEAD]->items);
-    if (o->count > CES_ITEM_AHEAD)
+    if (o->count > CES_ITEM_AHEAD && next[CES_ITEM_AHEAD]->count > 0) /* 0: left by no memory */
         ces_item_prefetch(next[CES_ITEM_AHEAD]->items[0].arena);
     sort_unless_sorted(t->items, t->count, sizeof(ces_item_t), by_sequence);
     long moved = 0;
