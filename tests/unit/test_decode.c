@@ -343,35 +343,46 @@ static char *json_escape(const char *s, size_t len) {
     return out;
 }
 
-/* A current-generation INS record whose current image is row (JSON text, row_len bytes). */
-static char *record_with_row(const char *row, size_t row_len, size_t *len) {
-    char *erow = json_escape(row, row_len);
-    size_t dcap = strlen(erow) + 512;
-    char *data = malloc(dcap);
-    int dn = snprintf(data, dcap,
-                      "{\"eventsource\":{\"db\":\"d\",\"schema\":\"s\",\"tbl\":\"t\",\"pkkey\":"
-                      "[{\"columnname\":\"Id\",\"value\":\"1\"}],\"transaction\":{\"commitlsn\":"
-                      "\"0000000A:000000FF:0003\",\"sequencenumber\":1}},\"eventrow\":{\"old\":"
-                      "\"{}\",\"current\":\"%s\"}}",
-                      erow);
-    char *edata = json_escape(data, (size_t)dn);
-    size_t rcap = strlen(edata) + 512;
-    char *rec = malloc(rcap);
-    int rn = snprintf(rec, rcap,
-                      "{\"specversion\":\"1.0\",\"type\":\"com.microsoft.SQL.CES.DML.V1\","
-                      "\"id\":\"x\",\"logicalid\":\"u:0000000A000000FF0003:00000000000000000001\","
-                      "\"operation\":\"INS\",\"segmentindex\":1,\"finalsegment\":true,"
-                      "\"data\":\"%s\"}",
-                      edata);
-    free(erow);
+/* before, inner[0..inner_len) as JSON string contents, then after; malloc'd, its length in *len. */
+static char *with_escaped(const char *before, const char *inner, size_t inner_len,
+                          const char *after, size_t *len) {
+    char *escaped = json_escape(inner, inner_len);
+    size_t b = strlen(before), e = strlen(escaped), a = strlen(after);
+    char *out = malloc(b + e + a + 1);
+    memcpy(out, before, b);
+    memcpy(out + b, escaped, e);
+    memcpy(out + b + e, after, a + 1);
+    free(escaped);
+    *len = b + e + a;
+    return out;
+}
+
+/* A current-generation INS record, whole, whose Data is data[0..data_len) (freed here). */
+static char *record_with_data(char *data, size_t data_len, size_t *len) {
+    char *rec = with_escaped("{\"specversion\":\"1.0\",\"type\":\"com.microsoft.SQL.CES.DML.V1\","
+                             "\"id\":\"x\",\"logicalid\":"
+                             "\"u:0000000A000000FF0003:00000000000000000001\","
+                             "\"operation\":\"INS\",\"segmentindex\":1,\"finalsegment\":true,"
+                             "\"data\":\"",
+                             data, data_len, "\"}", len);
     free(data);
-    free(edata);
-    *len = (size_t)rn;
     return rec;
 }
 
+/* A current-generation INS record whose current image is row (JSON text, row_len bytes). */
+static char *record_with_row(const char *row, size_t row_len, size_t *len) {
+    size_t data_len;
+    char *data = with_escaped("{\"eventsource\":{\"db\":\"d\",\"schema\":\"s\",\"tbl\":\"t\","
+                              "\"pkkey\":[{\"columnname\":\"Id\",\"value\":\"1\"}],"
+                              "\"transaction\":{\"commitlsn\":\"0000000A:000000FF:0003\","
+                              "\"sequencenumber\":1}},\"eventrow\":{\"old\":\"{}\","
+                              "\"current\":\"",
+                              row, row_len, "\"}}", &data_len);
+    return record_with_data(data, data_len, len);
+}
+
 /* A record whose event names its db, one column (in cols, pkkey and the current image) and that
- * column's type as given. */
+ * column's type as given (letters and digits: the image escapes the column once, not twice). */
 static char *record_with_names(const char *db, const char *column, const char *type,
                                size_t *len) {
     size_t dcap = strlen(db) + 4 * strlen(column) + strlen(type) + 512;
@@ -384,20 +395,8 @@ static char *record_with_names(const char *db, const char *column, const char *t
                       "\"sequencenumber\":1}},\"eventrow\":{\"old\":\"{}\",\"current\":"
                       "\"{\\\"%s\\\":1}\"}}",
                       db, ecol, type, ecol, ecol);
-    char *edata = json_escape(data, (size_t)dn);
-    size_t rcap = strlen(edata) + 512;
-    char *rec = malloc(rcap);
-    int rn = snprintf(rec, rcap,
-                      "{\"specversion\":\"1.0\",\"type\":\"com.microsoft.SQL.CES.DML.V1\","
-                      "\"id\":\"x\",\"logicalid\":\"u:0000000A000000FF0003:00000000000000000001\","
-                      "\"operation\":\"INS\",\"segmentindex\":1,\"finalsegment\":true,"
-                      "\"data\":\"%s\"}",
-                      edata);
     free(ecol);
-    free(data);
-    free(edata);
-    *len = (size_t)rn;
-    return rec;
+    return record_with_data(data, (size_t)dn, len);
 }
 
 /* Names and types are at most CES_DECODE_MAX_NAME_BYTES long (events keep their lengths in 32
