@@ -872,26 +872,12 @@ static void shape_remember(ces_catalog_table_t *t, const ces_event_t *ev) {
         shape->len = 0;
 }
 
-/* True when key is what ces_map_key makes of parts, joined by '\x1f', without making it. */
-static bool key_is(const char *key, size_t klen, const char *const parts[3]) {
-    const char *k = key, *end = key + klen;
-    for (size_t i = 0; i < 3; i++) {
-        if (i > 0 && (k == end || *k++ != '\x1f'))
-            return false;
-        for (const char *s = parts[i] != NULL ? parts[i] : ""; *s != '\0'; s++, k++) {
-            if (k == end || *k != *s)
-                return false;
-        }
-    }
-    return k == end;
-}
-
 ces_catalog_table_t *ces_catalog_ensure(ces_catalog_t *cat, ces_session_t *session,
                                         const char *version_quoted, const ces_event_t *ev,
                                         ces_reject_t *reject, ces_pgerr_t *e) {
     const char *parts[] = {ev->db, ev->schema, ev->table};
     ces_catalog_table_t *t = cat->last;
-    if (t == NULL || !key_is(cat->last_key, cat->last_klen, parts)) {
+    if (t == NULL || !ces_map_key_is(cat->last_key, cat->last_klen, '\x1f', parts, 3)) {
         /* Names are bounded by the decoder, so the key is never cut. */
         size_t klen = ces_map_key(cat->last_key, sizeof(cat->last_key), '\x1f', parts, 3);
         cat->last = NULL;

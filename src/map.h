@@ -6,6 +6,7 @@
 #ifndef CES_MAP_H
 #define CES_MAP_H
 
+#include <stdbool.h>
 #include <stddef.h>
 
 typedef struct ces_map_s ces_map_t;
@@ -36,5 +37,22 @@ void ces_map_clear(ces_map_t *map, void (*fn)(void *value, void *arg), void *arg
  * key's length; a key that does not fit is cut at size - 1 bytes. Keys are built for every event,
  * and snprintf's "%s" machinery was a visible part of applying one. */
 size_t ces_map_key(char *buf, size_t size, char sep, const char *const *parts, size_t n);
+/* True when key[0..len) is what ces_map_key makes of parts[0..n) and sep, without making it: a
+ * caller that remembers the key of its last lookup checks the next names against it first (inline:
+ * the catalog and the metrics do it for every applied event). A key that was cut to fit is never
+ * what its parts make. */
+static inline bool ces_map_key_is(const char *key, size_t len, char sep,
+                                  const char *const *parts, size_t n) {
+    const char *k = key, *end = key + len;
+    for (size_t i = 0; i < n; i++) {
+        if (i > 0 && (k == end || *k++ != sep))
+            return false;
+        for (const char *s = parts[i] != NULL ? parts[i] : ""; *s != '\0'; s++, k++) {
+            if (k == end || *k != *s)
+                return false;
+        }
+    }
+    return k == end;
+}
 
 #endif

@@ -29,6 +29,7 @@ static const char *const op_names[4] = {"unknown", "insert", "update", "delete"}
 
 typedef struct {
     char *name; /* "schema.table" of the source, or "other" */
+    size_t name_len; /* of a source's name (0 for "other") */
     uint64_t applied[4]; /* by ces_op_t */
 } table_counts_t;
 
@@ -153,6 +154,7 @@ static table_counts_t *table_named(ces_metrics_t *m, const ces_event_t *ev) {
         free(t);
         goto other;
     }
+    t->name_len = len;
     m->tables[m->ntables++] = t;
     return t;
 other:
@@ -166,33 +168,20 @@ other:
     return m->other;
 }
 
-/* Whether name is the key ces_map_key makes of schema and table (NULL counts as ""). */
-static bool is_key_of(const char *name, const char *schema, const char *table) {
-    for (const char *c = schema ? schema : ""; *c != '\0'; c++, name++) {
-        if (*name != *c)
-            return false;
-    }
-    if (*name++ != '.')
-        return false;
-    for (const char *c = table ? table : ""; *c != '\0'; c++, name++) {
-        if (*name != *c)
-            return false;
-    }
-    return *name == '\0';
-}
-
 /* The counts of ev's table, the latest found moved to the front of m->recent. A key cut to fit
- * its buffer never equals the names it was cut from: such tables are always looked up. */
+ * its buffer is never the names it was cut from (ces_map_key_is): such tables are always looked
+ * up. */
 static table_counts_t *table_for(ces_metrics_t *m, const ces_event_t *ev) {
     size_t i = 0;
+    const char *parts[] = {ev->schema, ev->table};
     while (i < RECENT_TABLES && m->recent[i] != NULL &&
-           !is_key_of(m->recent[i]->name, ev->schema, ev->table))
+           !ces_map_key_is(m->recent[i]->name, m->recent[i]->name_len, '.', parts, 2))
         i++;
     table_counts_t *t = i < RECENT_TABLES ? m->recent[i] : NULL;
     if (t == NULL) {
         t = table_named(m, ev);
-        if (t == NULL)
-            return NULL;
+        if (t == NULL || t == m->other) /* named by no event: not worth a place */
+            return t;
         i = RECENT_TABLES - 1;
     }
     memmove(&m->recent[1], &m->recent[0], i * sizeof(m->recent[0]));

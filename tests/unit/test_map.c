@@ -108,6 +108,35 @@ static void key_joins_parts_and_is_cut_to_fit(void **state) {
     assert_string_equal(buf, "");
 }
 
+/* ces_map_key_is says yes to exactly the key ces_map_key makes of the same parts. */
+static void key_is_the_key_of_its_parts(void **state) {
+    (void)state;
+    char buf[64];
+    const char *parts[][3] = {{"db", NULL, "Employees"}, {"db", "", "Employees"},
+                              {"db", "x", "Employees"},  {"db.x", NULL, "Employees"},
+                              {"db", "Employees", NULL}, {"d", "b", "Employees"},
+                              {"db", NULL, "Employee"},  {"db", NULL, "Employeess"},
+                              {NULL, NULL, NULL},        {"", "", ""}};
+    enum { N = sizeof(parts) / sizeof(parts[0]) };
+    for (size_t i = 0; i < N; i++) {
+        size_t len = ces_map_key(buf, sizeof(buf), '.', parts[i], 3);
+        for (size_t j = 0; j < N; j++) {
+            char other[64];
+            size_t olen = ces_map_key(other, sizeof(other), '.', parts[j], 3);
+            bool same = olen == len && memcmp(other, buf, len) == 0;
+            if (ces_map_key_is(buf, len, '.', parts[j], 3) != same)
+                fail_msg("key %zu against parts %zu: expected %d", i, j, same);
+        }
+        assert_false(ces_map_key_is(buf, len, '|', parts[i], 3) && strchr(buf, '.') != NULL);
+    }
+    /* A key cut to fit is not the key of the parts it was cut from. */
+    const char *wide[] = {"0123456789", "abcdefghij"};
+    size_t cut = ces_map_key(buf, 16, '|', wide, 2);
+    assert_int_equal(cut, 15);
+    assert_false(ces_map_key_is(buf, cut, '|', wide, 2));
+    assert_true(ces_map_key_is(buf, cut, '|', (const char *[]){"0123456789", "abcd"}, 2));
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_prestate(put_get_grow, &plain),
@@ -116,6 +145,7 @@ int main(void) {
         cmocka_unit_test_prestate(remove_keeps_others_findable, &scratch),
         cmocka_unit_test(scratch_map_is_refilled),
         cmocka_unit_test(key_joins_parts_and_is_cut_to_fit),
+        cmocka_unit_test(key_is_the_key_of_its_parts),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
