@@ -642,16 +642,6 @@ long ces_order_pop_oldest(ces_order_t *o, ces_batch_t *batch) {
     if (o->count == 0)
         return 0;
     txn_t *t = o->txns[o->head];
-    /* Transactions are popped one after another (one event each, often): what the pops to come
-     * read is asked for in three steps, each reading only what an earlier one asked for (the
-     * transaction, its items, the first item's arena, see CES_ITEM_AHEAD). */
-    txn_t *const *next = &o->txns[o->head];
-    if (o->count > 3 * CES_ITEM_AHEAD)
-        ces_item_prefetch(next[3 * CES_ITEM_AHEAD]);
-    if (o->count > 2 * CES_ITEM_AHEAD)
-        ces_item_prefetch(next[2 * CES_ITEM_AHEAD]->items);
-    if (o->count > CES_ITEM_AHEAD && next[CES_ITEM_AHEAD]->count > 0) /* 0: left by no memory */
-        ces_item_prefetch(next[CES_ITEM_AHEAD]->items[0].arena);
     sort_unless_sorted(t->items, t->count, sizeof(ces_item_t), by_sequence);
     long moved = 0;
     for (size_t i = 0; i < t->count; i++) {
