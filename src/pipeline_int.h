@@ -39,7 +39,8 @@ typedef struct {
 /* Stages: one filling and the rest decoding ahead, so that a helper always has a stage to work on
  * while this thread reads, takes in and sends (and rarely waits for a helper in mid-record). */
 #define STAGE_DEPTH 4
-/* Emptied decoding arenas kept for the next records: one for every record the stages hold, so that
+/* Emptied decoding arenas kept for the next records: with helpers, one for every record the stages
+ * hold (alone, the loop's thread decodes each record in the one the record before it left), so that
  * none is made by a decoding thread and freed by this one (glibc then takes the other thread's
  * malloc lock: a fifth of the loop's waits on bench/run insert with two threads), within a bound
  * on the memory they keep. */
