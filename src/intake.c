@@ -4,10 +4,10 @@
  * A record is staged, decoded (by the team of decoding threads when there is one: staging lets the
  * helpers decode up to STAGE_DEPTH - 1 stages ahead while this thread reads, takes in and sends;
  * alone, this thread decodes each record just before taking it in), and taken in on the loop's
- * thread, in order: a whole event goes to the orderer (transaction
- * mode) or into the batch (partition mode), a segment to the reassembler, anything that cannot be
- * decoded into the batch as a dead letter with the record's bytes. Events of tables left out by
- * schema.include/exclude are counted and dropped here.
+ * thread, in order: a whole event goes to the orderer (transaction mode) or into the batch
+ * (partition mode), a segment to the reassembler, anything that cannot be decoded into the batch
+ * as a dead letter with the record's bytes. Events of tables left out by schema.include/exclude
+ * are counted and dropped here.
  */
 #include "pipeline_int.h"
 
