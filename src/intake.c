@@ -492,8 +492,7 @@ static ces_pipeline_status_t take_stage(ces_pipeline_t *p, stage_t *stage, bool 
     for (size_t i = 0; i < stage->count; i++) {
         staged_t *s = &stage->items[i];
         if (decode_each) {
-            if (s->arena == NULL)
-                s->arena = take_spare(p);
+            s->arena = take_spare(p); /* staged without one (ces_intake_stage) */
             prepare(p->decoder, stage, i);
         }
         ces_pipeline_status_t st = take_record(p, s, now_ms, errstr, errstr_size);

@@ -423,13 +423,19 @@ static size_t padded_record(char *rec, size_t size, unsigned block, int key, siz
     return (size_t)n;
 }
 
-/* Stages and takes in the first n padded records, at offsets from first on. */
-static void take_round(ces_pipeline_t *p, char (*recs)[40000 + 2048], size_t n, int64_t first) {
-    char err[256];
+/* Records of PADDED_BYTES 'x's each, large enough that a decoding arena outgrows its first block. */
+enum { PADDED_RECORDS = 24, PADDED_BYTES = 40000, PADDED_SIZE = PADDED_BYTES + 2048 };
+
+/* Stages the first n padded records, at offsets from first on. */
+static void stage_padded(ces_pipeline_t *p, char (*recs)[PADDED_SIZE], size_t n, int64_t first) {
     for (size_t i = 0; i < n; i++)
         ces_intake_stage(p, &(ces_record_t){.topic = "ces", .partition = 0,
                                            .offset = first + (int64_t)i,
                                            .value = recs[i], .len = strlen(recs[i])});
+}
+
+static void take_staged(ces_pipeline_t *p) {
+    char err[256];
     assert_int_equal(ces_intake_take(p, 0, false, err, sizeof(err)), CES_PIPELINE_OK);
 }
 
@@ -438,16 +444,18 @@ static void take_round(ces_pipeline_t *p, char (*recs)[40000 + 2048], size_t n, 
  * an arena; alone, every record is decoded in the one the record before it left. */
 static void spare_arenas_stay_bounded(void **state) {
     (void)state;
-    enum { N = 24, PAD = 40000 };
-    static char recs[N][PAD + 2048];
+    enum { N = PADDED_RECORDS, PAD = PADDED_BYTES };
+    static char recs[N][PADDED_SIZE];
     for (size_t i = 0; i < N; i++)
         padded_record(recs[i], sizeof(recs[i]), 10 + (unsigned)i, (int)i, PAD);
     for (size_t threads = 1; threads <= 2; threads++) {
         ces_pipeline_t *p = new_pipeline_with(0, CES_ORDER_BY_PARTITION, threads);
         /* Twice: a fresh arena outgrows its first block and keeps nothing when emptied; used
          * again, it is made of one block as large as the record needed, which it keeps. */
-        for (int round = 0; round < 2; round++)
-            take_round(p, recs, N, round * N);
+        for (int round = 0; round < 2; round++) {
+            stage_padded(p, recs, N, round * N);
+            take_staged(p);
+        }
         assert_int_equal(ces_pipeline_batch_events(p), 2 * N);
         assert_int_equal(ces_pipeline_batch_item(p, 0)->kind, CES_ITEM_EVENT);
         assert_int_equal(strlen(ces_pipeline_batch_item(p, N - 1)->event.current[1].value), PAD);
@@ -456,30 +464,26 @@ static void spare_arenas_stay_bounded(void **state) {
         for (size_t i = 0; i < p->nspares; i++)
             kept += ces_arena_footprint(p->spares[i]);
         assert_int_equal(kept, p->spare_bytes);
+        stage_padded(p, recs, 3, 2 * N);
         if (threads == 1) {
-            /* One arena went round: it holds one record's worth. */
+            /* One arena went round: it holds one record's worth, and decodes the next ones. */
             assert_int_equal(p->nspares, 1);
             assert_true(kept > PAD && kept < 4 * PAD);
             ces_arena_t *spare = p->spares[0];
-            take_round(p, recs, 3, 2 * N);
+            take_staged(p);
             assert_int_equal(p->nspares, 1);
             assert_ptr_equal(p->spares[0], spare);
             assert_int_equal(p->spare_bytes, ces_arena_footprint(spare));
         } else {
-            /* Each arena keeps about two records' worth: not all of them fit. */
+            /* Each arena keeps about two records' worth: not all of them fit. The next records
+             * took the spares when staged, and their bytes left the count. */
             assert_true(p->nspares > 0 && p->nspares < N);
             assert_true(kept > SPARE_BYTES / 2);
-            /* The next records take the spares, and their bytes leave the count. */
-            for (size_t i = 0; i < 3; i++)
-                ces_intake_stage(p, &(ces_record_t){.topic = "ces", .partition = 0,
-                                                   .offset = (int64_t)(2 * N + i),
-                                                   .value = recs[i], .len = strlen(recs[i])});
             size_t taken = 0;
             for (size_t i = 0; i < 3; i++)
                 taken += ces_arena_footprint(p->stages[p->fill_index].items[i].arena);
             assert_int_equal(p->spare_bytes, kept - taken);
-            char err[256];
-            assert_int_equal(ces_intake_take(p, 0, false, err, sizeof(err)), CES_PIPELINE_OK);
+            take_staged(p);
             assert_true(p->spare_bytes <= SPARE_BYTES);
         }
         ces_pipeline_destroy(p);
