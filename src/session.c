@@ -143,9 +143,8 @@ int ces_session_connect_once(ces_session_t *s, ces_pgerr_t *e) {
      * grows fast then scans the tombstones for every new key and the table for every delete
      * statement (in psql, 1,000 deletes in a table of 200,000 rows took 60 s instead of 11 ms).
      * So each execution is planned for its parameters and the tables' sizes of the moment (about
-     * 0.2 ms per bulk statement), sequential scans are taken only where no index serves (a
-     * table analysed when nearly empty is still estimated far too small), and hash and merge
-     * joins are off: every statement joins its rows to a table by key. */
+     * 0.2 ms per bulk statement). Hash and merge joins stay off: every statement joins its rows
+     * to a table by key. */
     const char *settings = PQserverVersion(s->conn) >= 120000
                                ? " SET plan_cache_mode = force_custom_plan;"
                                : ""; /* before 12 there is no choice: generic plans it is */
@@ -153,7 +152,7 @@ int ces_session_connect_once(ces_session_t *s, ces_pgerr_t *e) {
     snprintf(sql, sizeof(sql),
              "SET DateStyle = 'ISO, YMD'; SET IntervalStyle = 'postgres';"
              " SET extra_float_digits = 3; SET client_encoding = 'UTF8';%s"
-             " SET enable_seqscan = off; SET enable_hashjoin = off; SET enable_mergejoin = off",
+             " SET enable_hashjoin = off; SET enable_mergejoin = off",
              settings);
     if (ces_session_exec(s, sql, e) != 0 ||
         (s->on_connect != NULL && s->on_connect(s->on_connect_opaque, s, e) != 0)) {
