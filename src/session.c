@@ -145,16 +145,13 @@ int ces_session_connect_once(ces_session_t *s, ces_pgerr_t *e) {
      * So each execution is planned for its parameters and the tables' sizes of the moment (about
      * 0.2 ms per bulk statement). Hash and merge joins stay off: every statement joins its rows
      * to a table by key. */
-    const char *settings = PQserverVersion(s->conn) >= 120000
-                               ? " SET plan_cache_mode = force_custom_plan;"
-                               : ""; /* before 12 there is no choice: generic plans it is */
-    char sql[512];
-    snprintf(sql, sizeof(sql),
-             "SET DateStyle = 'ISO, YMD'; SET IntervalStyle = 'postgres';"
-             " SET extra_float_digits = 3; SET client_encoding = 'UTF8';%s"
-             " SET enable_hashjoin = off; SET enable_mergejoin = off",
-             settings);
-    if (ces_session_exec(s, sql, e) != 0 ||
+    if (ces_session_exec(s, "SET DateStyle = 'ISO, YMD'; SET IntervalStyle = 'postgres';"
+                            " SET extra_float_digits = 3; SET client_encoding = 'UTF8';"
+                            " SET enable_hashjoin = off; SET enable_mergejoin = off",
+                         e) != 0 ||
+        /* before 12 there is no such setting: generic plans it is */
+        (PQserverVersion(s->conn) >= 120000 &&
+         ces_session_exec(s, "SET plan_cache_mode = force_custom_plan", e) != 0) ||
         (s->on_connect != NULL && s->on_connect(s->on_connect_opaque, s, e) != 0)) {
         ces_session_disconnect(s);
         return -1;
