@@ -168,6 +168,7 @@ ces_apply_status_t ces_apply_read_offsets(ces_apply_t *a, const char *topic,
  * cannot be applied become dead letters here. */
 static int prepare_tables(ces_apply_t *a, ces_batch_t *batch, ces_catalog_table_t **tables,
                           ces_pgerr_t *e) {
+    ces_catalog_new_pass(a->catalog);
     for (size_t i = 0; i < batch->count; i++) {
         ces_item_t *item = &batch->items[i];
         if (i + CES_ITEM_AHEAD < batch->count) { /* the names and the shape it compares */

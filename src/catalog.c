@@ -32,6 +32,7 @@ struct ces_catalog_table_s {
     char *pg_table;
     ces_map_t *by_source; /* source column name -> index + 1 */
     bool loaded;          /* columns read from the catalog */
+    uint64_t absent_pass; /* the pass that found it missing and could not create it; 0: none */
     bool preserve_case;
     bool warned_no_old_image;
     bool warned_no_pk;
@@ -58,6 +59,7 @@ struct ces_catalog_s {
     char *version_column;
     ces_map_t *tables; /* "db\x1fschema\x1ftable" -> ces_catalog_table_t */
     unsigned next_table_id;
+    uint64_t pass; /* ces_catalog_new_pass: a missing table is looked for once per pass */
     ces_strbuf_t check_key; /* scratch: a type_checks key, grown to the longest seen */
     /* The table the last event resolved to, under its key (also where a key is built): events
      * come in runs of one table, and comparing the names beats building the key and hashing it.
@@ -262,6 +264,7 @@ ces_catalog_t *ces_catalog_new(const ces_catalog_options_t *o) {
     cat->auto_create = o->auto_create;
     cat->auto_evolve = o->auto_evolve;
     cat->lsn_guard = o->lsn_guard;
+    cat->pass = 1; /* a table's absent_pass is 0 until a pass finds it missing */
     const char *target = o->target ? o->target : "{schema}.{table}";
     const char *dot = strchr(target, '.');
     cat->target_schema = dot ? strndup(target, (size_t)(dot - target)) : strdup("public");
@@ -287,6 +290,8 @@ void ces_catalog_destroy(ces_catalog_t *cat) {
     ces_strbuf_free(&cat->check_key);
     free(cat);
 }
+
+void ces_catalog_new_pass(ces_catalog_t *cat) { cat->pass++; }
 
 void ces_catalog_forget(ces_catalog_t *cat) {
     cat->last = NULL;
@@ -682,6 +687,22 @@ static void reject_no_pk(ces_catalog_table_t *t, const ces_event_t *ev, ces_reje
                              "table has no primary key (ces2pg applies changes by primary key)"};
 }
 
+/* Whether ev is refused because its table does not exist and cannot be created for it (sets
+ * *reject). */
+static bool refuse_missing(const ces_catalog_t *cat, ces_catalog_table_t *t, const ces_event_t *ev,
+                           ces_reject_t *reject) {
+    if (ev->npkkey == 0) {
+        reject_no_pk(t, ev, reject);
+        return true;
+    }
+    if (!cat->auto_create) {
+        *reject = (ces_reject_t){CES_DL_SCHEMA,
+                                 "target table does not exist and schema.auto_create is off"};
+        return true;
+    }
+    return false;
+}
+
 /* Reads t from pg_catalog the first time it is needed, creating it when it does not exist and
  * adopting it when it lacks the version column. Returns 0, or -1 with e or *reject set. */
 static int table_first_load(ces_catalog_t *cat, ces_session_t *session, const char *version_quoted,
@@ -691,13 +712,8 @@ static int table_first_load(ces_catalog_t *cat, ces_session_t *session, const ch
     if (exists < 0)
         return -1;
     if (exists == 0) {
-        if (ev->npkkey == 0) {
-            reject_no_pk(t, ev, reject);
-            return -1;
-        }
-        if (!cat->auto_create) {
-            *reject = (ces_reject_t){CES_DL_SCHEMA,
-                                     "target table does not exist and schema.auto_create is off"};
+        if (refuse_missing(cat, t, ev, reject)) {
+            t->absent_pass = cat->pass;
             return -1;
         }
         if (table_create(cat, session, version_quoted, t, ev, e) != 0)
@@ -897,6 +913,11 @@ ces_catalog_table_t *ces_catalog_ensure(ces_catalog_t *cat, ces_session_t *sessi
         return t;
     bool fresh = false;
     if (!t->loaded) {
+        /* Found missing earlier in this pass: asking the server again for each of its events
+         * would be a round trip each (a stream of a table left out of a replica is dead-lettered
+         * at the rate of those). A table created meanwhile is found by the next pass. */
+        if (t->absent_pass == cat->pass && refuse_missing(cat, t, ev, reject))
+            return NULL;
         if (table_first_load(cat, session, version_quoted, t, ev, reject, e) != 0)
             return NULL;
         fresh = true;

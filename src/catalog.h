@@ -78,6 +78,10 @@ void ces_catalog_destroy(ces_catalog_t *catalog);
  * needed. Tables and descriptions obtained before must not be used afterwards. */
 void ces_catalog_forget(ces_catalog_t *catalog);
 
+/* Starts a pass over a batch's events: a table that does not exist and cannot be created (see
+ * ces_catalog_ensure) is looked for in pg_catalog once per pass, not once per event, so a table
+ * created meanwhile is found by the next pass. */
+void ces_catalog_new_pass(ces_catalog_t *catalog);
 /*
  * Finds or makes the target table of ev with every column the event needs, running DDL on
  * session's connection when needed (outside any transaction; version_quoted names the version

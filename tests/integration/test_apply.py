@@ -718,3 +718,35 @@ def test_metadata_schema_and_no_auto_create(tmp_path, db):
     # Columns ces2pg does not know are left alone; the version column was added (adoption).
     assert text_query(db, "SELECT id, note, _ces_lsn IS NOT NULL FROM dbo.existing") == [
         (1, None, True)]
+
+
+def test_a_missing_table_is_looked_for_once_per_batch(tmp_path, db, broker, ces2pg):
+    """With schema.auto_create off, the events of a table that does not exist are dead-lettered
+    after one look in pg_catalog per batch, not one per event (a round trip each: a stream of a
+    table left out of the replica was dead-lettered at that rate); a table created while ces2pg
+    runs is found by a later batch, and its events are applied."""
+    cols = [("Id", "int")]
+    db.query("CREATE SCHEMA dbo")
+
+    def ins(i):
+        return ces_record("Later", cols, "INS", {"Id": str(i)}, pk=["Id"])
+
+    b = broker(partitions=1)
+    daemon = ces2pg(db, b, group=GROUP, batch_max_events=1000, batch_max_ms=200,
+                    extra_config="schema = { auto_create = false; };")
+    lookups = "%FROM pg_catalog.pg_attribute a%"
+    b.produce("ces", [ins(i) for i in range(600)], partition=0)
+    wait_applied(db, GROUP, {0: 600}, daemons=[daemon])
+    letters = dead_letters(db)
+    assert len(letters) == 600
+    assert {d["reason"] for d in letters} == {
+        "target table does not exist and schema.auto_create is off"}
+    calls, _ = statement_calls(db, lookups)
+    # One look per batch (and per attempt of one); the 600 events came in a few batches.
+    assert 1 <= calls <= 30, calls
+    db.query("CREATE TABLE dbo.later (id integer PRIMARY KEY)")
+    b.produce("ces", [ins(i) for i in range(1000, 1010)], partition=0)
+    wait_applied(db, GROUP, {0: 610}, daemons=[daemon])
+    assert text_query(db, "SELECT count(*), min(id), max(id) FROM dbo.later") == [(10, 1000, 1009)]
+    assert len(dead_letters(db)) == 600
+    assert daemon.terminate() == 0
