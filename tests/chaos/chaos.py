@@ -31,7 +31,10 @@ Checks, all of which must hold after every run:
   column without its 20-digit sequence) was committed by one PostgreSQL
   transaction, and no change (table, key, version) was written twice;
 - no stored offset ever moved backwards (polled throughout), and at the end
-  every partition's offset is the number of records produced to it;
+  every partition's offset is the end of its log in the broker, which holds
+  every record delivered to it (the mock, which does not deduplicate an
+  idempotent producer's retries, may hold a record twice after an outage: the
+  stream then carries a resend, as CES streams do);
 - every SIGTERM ends ces2pg with exit status 0, no ces2pg exits by itself, no
   daemon log holds a sanitizer report or "events may have been lost";
 - under soak, ces2pg's resident memory, sampled every 10 s, does not keep
@@ -707,6 +710,18 @@ class RssSampler(Background):
 # --------------------------------------------------------------------------
 
 
+def log_ends(config, topic, partitions):
+    """The end (high watermark) of each partition's log, read from the broker."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    c = Consumer(dict(config, **{"group.id": "chaos-log-ends", "log_level": 0}))
+    try:
+        return {p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=30)[1]
+                for p in partitions}
+    finally:
+        c.close()
+
+
 class MockTarget:
     """librdkafka's mock cluster (3 brokers) with its control channel."""
 
@@ -721,6 +736,9 @@ class MockTarget:
 
     def __init__(self, broker, topic):
         self.broker, self.topic = broker, topic
+
+    def client_config(self):
+        return {"bootstrap.servers": self.broker.bootstrap}
 
     def make_producer(self):
         from confluent_kafka import Producer
@@ -773,6 +791,9 @@ class RealTarget:
 
     def __init__(self, kafka, topic, tmp_path):
         self.kafka, self.topic, self.tmp_path = kafka, topic, tmp_path
+
+    def client_config(self):
+        return self.kafka.plaintext_config()
 
     def make_producer(self):
         return self.kafka.producer(**{"reconnect.backoff.max.ms": 1000,
@@ -1167,14 +1188,27 @@ class Chaos:
         counts = dict(producer.counts)
         self.note(f"stream produced: {sum(counts.values())} records, per partition "
                   f"{dict(sorted(counts.items()))}")
+        # What ces2pg must reach is the end of each partition's log, not the count of records
+        # delivered: the mock appends a produce request again when the producer retries it
+        # after a broker came back (its idempotence does not deduplicate), and ces2pg reads
+        # those copies like any resent record.
+        ends = log_ends(self.target.client_config(), self.target.topic, sorted(counts))
+        short = {p: (ends[p], n) for p, n in counts.items() if ends[p] < n}
+        if short:
+            self.fail(f"the broker's log holds fewer records than were delivered "
+                      f"(partition: (log end, delivered)): {short}")
+        twice = {p: ends[p] - n for p, n in counts.items() if ends[p] > n}
+        if twice:
+            self.note(f"the broker's log holds {sum(twice.values())} record(s) twice (a "
+                      f"produce retried after an outage), per partition {twice}")
         # The last transactions wait for the window once every partition is quiet.
         deadline = time.monotonic() + WINDOW_MAX_MS / 1000 + 240
         harness.wait_until(
             lambda: self.check_alive() or self.watcher.snapshot() ==
-            {p: n for p, n in counts.items() if n}, deadline - time.monotonic(),
+            {p: n for p, n in ends.items() if n}, deadline - time.monotonic(),
             interval=0.1, message=lambda: self.fail(
                 f"ces2pg did not apply the whole stream: offsets "
-                f"{self.watcher.snapshot()}, produced {counts}"))
+                f"{self.watcher.snapshot()}, log ends {ends}, delivered {counts}"))
         self.note("every record applied")
         for t in self.threads:
             t.stop()  # raises what a thread raised
