@@ -38,7 +38,7 @@ struct ces_apply_s {
     ces_sender_stmts_t *stmts;
     uint64_t stream_epoch; /* the session epoch a streamed transaction began in; 0: none */
     attempt_t *async;      /* a batch sent by ces_apply_send, not finished yet */
-    uint64_t attempts;     /* attempts begun: the clock of the tables' plain-INSERT policy */
+    uint64_t attempts;     /* attempts begun: the plain-INSERT policy's and missing tables' clock */
 };
 
 /* A streamed transaction is open while the connection it began on is. */
@@ -168,7 +168,6 @@ ces_apply_status_t ces_apply_read_offsets(ces_apply_t *a, const char *topic,
  * cannot be applied become dead letters here. */
 static int prepare_tables(ces_apply_t *a, ces_batch_t *batch, ces_catalog_table_t **tables,
                           ces_pgerr_t *e) {
-    ces_catalog_new_pass(a->catalog);
     for (size_t i = 0; i < batch->count; i++) {
         ces_item_t *item = &batch->items[i];
         if (i + CES_ITEM_AHEAD < batch->count) { /* the names and the shape it compares */
@@ -181,7 +180,7 @@ static int prepare_tables(ces_apply_t *a, ces_batch_t *batch, ces_catalog_table_
         ces_reject_t reject = {0};
         tables[i] = ces_catalog_ensure(a->catalog, a->session,
                                        ces_metadata_version_quoted(a->metadata), &item->event,
-                                       &reject, e);
+                                       a->attempts, &reject, e);
         if (tables[i] != NULL)
             continue;
         if (e->cls == CES_PGERR_DATA && e->failed_item < 0) {

@@ -32,7 +32,8 @@ struct ces_catalog_table_s {
     char *pg_table;
     ces_map_t *by_source; /* source column name -> index + 1 */
     bool loaded;          /* columns read from the catalog */
-    uint64_t absent_pass; /* the pass that found it missing and could not create it; 0: none */
+    /* The attempt (ces_catalog_ensure) that found it missing and could not create it; 0: none. */
+    uint64_t absent_attempt;
     bool preserve_case;
     bool warned_no_old_image;
     bool warned_no_pk;
@@ -59,7 +60,6 @@ struct ces_catalog_s {
     char *version_column;
     ces_map_t *tables; /* "db\x1fschema\x1ftable" -> ces_catalog_table_t */
     unsigned next_table_id;
-    uint64_t pass; /* ces_catalog_new_pass: a missing table is looked for once per pass */
     ces_strbuf_t check_key; /* scratch: a type_checks key, grown to the longest seen */
     /* The table the last event resolved to, under its key (also where a key is built): events
      * come in runs of one table, and comparing the names beats building the key and hashing it.
@@ -264,7 +264,6 @@ ces_catalog_t *ces_catalog_new(const ces_catalog_options_t *o) {
     cat->auto_create = o->auto_create;
     cat->auto_evolve = o->auto_evolve;
     cat->lsn_guard = o->lsn_guard;
-    cat->pass = 1; /* a table's absent_pass is 0 until a pass finds it missing */
     const char *target = o->target ? o->target : "{schema}.{table}";
     const char *dot = strchr(target, '.');
     cat->target_schema = dot ? strndup(target, (size_t)(dot - target)) : strdup("public");
@@ -290,8 +289,6 @@ void ces_catalog_destroy(ces_catalog_t *cat) {
     ces_strbuf_free(&cat->check_key);
     free(cat);
 }
-
-void ces_catalog_new_pass(ces_catalog_t *cat) { cat->pass++; }
 
 void ces_catalog_forget(ces_catalog_t *cat) {
     cat->last = NULL;
@@ -706,14 +703,14 @@ static bool refuse_missing(const ces_catalog_t *cat, ces_catalog_table_t *t, con
 /* Reads t from pg_catalog the first time it is needed, creating it when it does not exist and
  * adopting it when it lacks the version column. Returns 0, or -1 with e or *reject set. */
 static int table_first_load(ces_catalog_t *cat, ces_session_t *session, const char *version_quoted,
-                            ces_catalog_table_t *t, const ces_event_t *ev, ces_reject_t *reject,
-                            ces_pgerr_t *e) {
+                            ces_catalog_table_t *t, const ces_event_t *ev, uint64_t attempt,
+                            ces_reject_t *reject, ces_pgerr_t *e) {
     int exists = table_load(cat, session, t, e);
     if (exists < 0)
         return -1;
     if (exists == 0) {
         if (refuse_missing(cat, t, ev, reject)) {
-            t->absent_pass = cat->pass;
+            t->absent_attempt = attempt;
             return -1;
         }
         if (table_create(cat, session, version_quoted, t, ev, e) != 0)
@@ -890,7 +887,7 @@ static void shape_remember(ces_catalog_table_t *t, const ces_event_t *ev) {
 
 ces_catalog_table_t *ces_catalog_ensure(ces_catalog_t *cat, ces_session_t *session,
                                         const char *version_quoted, const ces_event_t *ev,
-                                        ces_reject_t *reject, ces_pgerr_t *e) {
+                                        uint64_t attempt, ces_reject_t *reject, ces_pgerr_t *e) {
     const char *parts[] = {ev->db, ev->schema, ev->table};
     ces_catalog_table_t *t = cat->last;
     if (t == NULL || !ces_map_key_is(cat->last_key, cat->last_klen, '\x1f', parts, 3)) {
@@ -913,12 +910,12 @@ ces_catalog_table_t *ces_catalog_ensure(ces_catalog_t *cat, ces_session_t *sessi
         return t;
     bool fresh = false;
     if (!t->loaded) {
-        /* Found missing earlier in this pass: asking the server again for each of its events
+        /* Found missing earlier in this attempt: asking the server again for each of its events
          * would be a round trip each (a stream of a table left out of a replica is dead-lettered
-         * at the rate of those). A table created meanwhile is found by the next pass. */
-        if (t->absent_pass == cat->pass && refuse_missing(cat, t, ev, reject))
+         * at the rate of those). A table created meanwhile is found by the next attempt. */
+        if (t->absent_attempt == attempt && refuse_missing(cat, t, ev, reject))
             return NULL;
-        if (table_first_load(cat, session, version_quoted, t, ev, reject, e) != 0)
+        if (table_first_load(cat, session, version_quoted, t, ev, attempt, reject, e) != 0)
             return NULL;
         fresh = true;
     }

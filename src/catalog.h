@@ -78,20 +78,18 @@ void ces_catalog_destroy(ces_catalog_t *catalog);
  * needed. Tables and descriptions obtained before must not be used afterwards. */
 void ces_catalog_forget(ces_catalog_t *catalog);
 
-/* Starts a pass over a batch's events: a table that does not exist and cannot be created (see
- * ces_catalog_ensure) is looked for in pg_catalog once per pass, not once per event, so a table
- * created meanwhile is found by the next pass. */
-void ces_catalog_new_pass(ces_catalog_t *catalog);
 /*
  * Finds or makes the target table of ev with every column the event needs, running DDL on
  * session's connection when needed (outside any transaction; version_quoted names the version
  * column, ces_metadata_version_quoted). Returns the table (owned by the catalog), or NULL with
  * either e set (database error) or *reject set to the reason the event is dead-lettered (a string
- * that lives until the next call).
+ * that lives until the next call). attempt numbers the batch attempt the event is prepared for
+ * (increasing): a table that does not exist and cannot be created is looked for in pg_catalog once
+ * per attempt, not once per event, so a table created meanwhile is found by the next attempt.
  */
 ces_catalog_table_t *ces_catalog_ensure(ces_catalog_t *catalog, ces_session_t *session,
                                         const char *version_quoted, const ces_event_t *ev,
-                                        ces_reject_t *reject, ces_pgerr_t *e)
+                                        uint64_t attempt, ces_reject_t *reject, ces_pgerr_t *e)
     __attribute__((warn_unused_result));
 
 /* The table's description (a reference into table). */
