@@ -710,18 +710,6 @@ class RssSampler(Background):
 # --------------------------------------------------------------------------
 
 
-def log_ends(config, topic, partitions):
-    """The end (high watermark) of each partition's log, read from the broker."""
-    from confluent_kafka import Consumer, TopicPartition
-
-    c = Consumer(dict(config, **{"group.id": "chaos-log-ends", "log_level": 0}))
-    try:
-        return {p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=30)[1]
-                for p in partitions}
-    finally:
-        c.close()
-
-
 class MockTarget:
     """librdkafka's mock cluster (3 brokers) with its control channel."""
 
@@ -1192,7 +1180,8 @@ class Chaos:
         # delivered: after a broker came back the mock can hold a produce the producer retried
         # twice (CI, seed 712086849: a log of 11,894 records for 11,892 delivered, no delivery
         # error), and ces2pg reads such copies like any resent record.
-        ends = log_ends(self.target.client_config(), self.target.topic, sorted(counts))
+        ends = {p: high for p, (_, high) in harness.watermarks(
+            self.target.client_config(), self.target.topic, sorted(counts)).items()}
         short = {p: (ends[p], n) for p, n in counts.items() if ends[p] < n}
         if short:
             self.fail(f"the broker's log holds fewer records than were delivered "

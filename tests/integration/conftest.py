@@ -1140,6 +1140,20 @@ _PKKEY_RE = re.compile(r'"pkkey"\s*:\s*\[\s*\{\s*"columnname"\s*:\s*"[^"]*"\s*,'
                        r'\s*"value"\s*:\s*"([^"]*)"')
 
 
+def watermarks(client, topic, partitions):
+    """{partition: (low, high)}: where each partition's log starts and ends, asked of the broker.
+    client is a broker fixture (its bootstrap) or a librdkafka client configuration."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    config = client if isinstance(client, dict) else {"bootstrap.servers": client.bootstrap}
+    c = Consumer(dict(config, **{"group.id": "watermarks", "log_level": 0}))
+    try:
+        return {p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=30)
+                for p in partitions}
+    finally:
+        c.close()
+
+
 def produce_placed(broker, topic, records, partitions, producer_config=None):
     """Produces records[i] to partitions[i], in list order (so in order
     within each partition); waits for delivery. Returns {partition: count}.

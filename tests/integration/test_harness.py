@@ -18,6 +18,7 @@ from conftest import (
     column_types,
     wait_applied,
     wait_until,
+    watermarks,
 )
 
 
@@ -196,22 +197,12 @@ def test_make_config_shape():
     assert "kafka" not in replay and "apply" not in replay
 
 
-def _watermarks(b, topic, partition):
-    from confluent_kafka import Consumer, TopicPartition
-
-    c = Consumer({"bootstrap.servers": b.bootstrap, "group.id": "wm"})
-    try:
-        return c.get_watermark_offsets(TopicPartition(topic, partition), 10)
-    finally:
-        c.close()
-
-
 def test_mock_partition_keeps_only_5_mib(broker):
     """The finding PacedProducer exists for: the mock drops old data."""
     b = broker(partitions=1)
     record = b"x" * 10000
     b.produce("ces", [record] * 700, partition=0)  # 7 MB
-    low, high = _watermarks(b, "ces", 0)
+    low, high = watermarks(b, "ces", [0])[0]
     assert high == 700
     assert low > 0, "the mock kept more than 5 MiB: drop PacedProducer?"
     assert (high - low) * len(record) <= MOCK_PARTITION_BYTES + 1024 * 1024

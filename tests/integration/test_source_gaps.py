@@ -13,8 +13,6 @@ records at its stored position, as retention would.
 
 import re
 
-from confluent_kafka import Consumer
-
 from conftest import (
     dead_letters,
     free_port,
@@ -26,6 +24,7 @@ from conftest import (
     produce_placed,
     wait_applied,
     wait_until,
+    watermarks,
 )
 
 GROUP = "ces2pg-test"
@@ -35,16 +34,7 @@ EVICTING = 5000  # records produced while ces2pg is stopped: about 6 MB
 
 
 def low_watermark(b, partition=0):
-    c = Consumer({"bootstrap.servers": b.bootstrap, "group.id": "watermarks"})
-    try:
-        return c.get_watermark_offsets(_tp(partition), timeout=10)[0]
-    finally:
-        c.close()
-
-
-def _tp(partition):
-    from confluent_kafka import TopicPartition
-    return TopicPartition("ces", partition)
+    return watermarks(b, "ces", [partition])[partition][0]
 
 
 def stream_with_gap(tmp_path, db, b, ces2pg):
