@@ -4,6 +4,9 @@ These need neither ces2pg nor the generator, so a broken harness shows up
 as its own failure instead of as a puzzling daemon test failure.
 """
 
+import os
+import re
+import subprocess
 import time
 
 import pytest
@@ -266,3 +269,23 @@ def test_stream_partitions_match_generator(tmp_path, broker):
     counts = {str(p): parts.count(p) for p in range(4)}
     assert counts == produced["partition_records"]
     assert written["tables"] == produced["tables"]
+
+
+def test_kafka_broker_cluster_ids_are_never_read_as_options():
+    """The real-broker tier's broker formats its storage with a random cluster id. One id in 64
+    that starts with "-" was taken by kafka-storage for an option, and the broker did not start
+    (CI, 2026-12-06: "--cluster-id/-t: expected one argument"). 1,000 ids from the script's own
+    function: with the old one, all 1,000 free of a leading "-" had a chance of 1 in 7 million."""
+    script = os.path.join(os.path.dirname(__file__), "..", "kafka", "kafka-broker")
+    r = subprocess.run(
+        ["bash", "-c", 'source <(sed -n "/^random_uuid() {/,/^}/p" "$1") && '
+         'for i in $(seq 1000); do random_uuid; echo; done', "bash", script],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    ids = r.stdout.split("\n")[:-1]
+    assert len(ids) == 1000
+    for cluster_id in ids:
+        # KRaft's form: 16 random bytes in URL-safe base64 without padding.
+        assert re.fullmatch(r"[A-Za-z0-9_-]{22}", cluster_id), cluster_id
+        assert not cluster_id.startswith("-"), cluster_id
+    assert len(set(ids)) == 1000
