@@ -22,12 +22,13 @@ int ces_batch_push(ces_batch_t *batch, const ces_item_t *item) {
     if (dst == NULL)
         return -1;
     *dst = *item;
-    batch->bytes += ces_item_bytes(item);
+    dst->bytes = ces_item_bytes(item);
+    batch->bytes += dst->bytes;
     return 0;
 }
 
 size_t ces_item_bytes(const ces_item_t *item) {
-    return ces_arena_footprint(item->arena) + sizeof(*item);
+    return item->bytes != 0 ? item->bytes : ces_arena_footprint(item->arena) + sizeof(*item);
 }
 
 int ces_batch_set_offset(ces_batch_t *batch, const ces_offset_update_t *update) {

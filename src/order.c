@@ -609,9 +609,11 @@ ces_order_status_t ces_order_add(ces_order_t *o, const ces_item_t *item) {
         t->max_sequence = pos->sequence;
     if (t->seq_cap > 0)
         (void)seq_index_put(t, pos->sequence); /* out of memory: dropped, built again or walked */
-    t->items[t->count++] = *item;
-    o->events++;
     size_t bytes = ces_item_bytes(item);
+    ces_item_t *held = &t->items[t->count++];
+    *held = *item;
+    held->bytes = bytes;
+    o->events++;
     t->bytes += bytes;
     o->bytes += bytes;
     track_offsets(o, item, true);
@@ -646,9 +648,7 @@ long ces_order_pop_oldest(ces_order_t *o, ces_batch_t *batch) {
     long moved = 0;
     for (size_t i = 0; i < t->count; i++) {
         ces_item_t *src = &t->items[i];
-        if (i + CES_ITEM_AHEAD < t->count)
-            ces_item_prefetch(t->items[i + CES_ITEM_AHEAD].arena);
-        size_t bytes = ces_item_bytes(src);
+        size_t bytes = ces_item_bytes(src); /* counted when it came: the arena is not read */
         if (seen(o, &src->event.position)) {
             track_offsets(o, src, false);
             o->duplicates++;
