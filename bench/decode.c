@@ -14,7 +14,7 @@
  * see the same conditions. Binary (Avro) records have no yajl figure.
  *
  * With THREADS > 1 the records are decoded by that many threads, 32 at a time, the way the daemon
- * shares them (src/team.c); time is then wall time, so run it on an otherwise idle machine, and
+ * shares them (src/util/team.c); time is then wall time, so run it on an otherwise idle machine, and
  * there is no yajl-alone figure (it is a one-core figure).
  *
  *   build/bench-decode FILE [SECONDS [THREADS]]
@@ -27,10 +27,10 @@
 #include <string.h>
 #include <time.h>
 
-#include "decode.h"
+#include "format/decode.h"
 #include "json-floor.h"
-#include "types.h" /* ces_base64_decode */
-#include "team.h"
+#include "format/types.h" /* ces_base64_decode */
+#include "util/team.h"
 
 static double clock_s(clockid_t clock) {
     struct timespec ts;

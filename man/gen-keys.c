@@ -1,5 +1,5 @@
 /*
- * gen-keys: writes ces2pg.conf(5) from its template and the key table of src/config.c, so that
+ * gen-keys: writes ces2pg.conf(5) from its template and the key table of src/conf/config.c, so that
  * the page cannot drift from what ces2pg accepts.
  *
  *   gen-keys TEMPLATE OUTPUT
@@ -17,7 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "config.h"
+#include "conf/config.h"
 
 /* Text for roff: backslashes and hyphens escaped (so that names and values copy as typed). */
 static void put_escaped(FILE *out, const char *s) {
@@ -111,7 +111,7 @@ int main(int argc, char **argv) {
             while (ces_config_key_info(i, &info) && strcmp(info.name, name) != 0)
                 i++;
             if (i == nkeys) {
-                fprintf(stderr, "%s:%d: %s is not a key of src/config.c's table\n", template_path,
+                fprintf(stderr, "%s:%d: %s is not a key of src/conf/config.c's table\n", template_path,
                         lineno, name);
                 ok = false;
                 continue;
@@ -139,7 +139,7 @@ int main(int argc, char **argv) {
     for (size_t i = 0; i < nkeys; i++) {
         ces_config_key_info_t info;
         if (ces_config_key_info(i, &info) && seen[i] == 0) {
-            fprintf(stderr, "%s: no @KEY %s@: every key of src/config.c's table must be described\n",
+            fprintf(stderr, "%s: no @KEY %s@: every key of src/conf/config.c's table must be described\n",
                     template_path, info.name);
             ok = false;
         }

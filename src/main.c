@@ -5,7 +5,6 @@
  */
 #include <getopt.h>
 #include <malloc.h>
-#include <libpq-fe.h>
 #include <sched.h>
 #include <signal.h>
 #include <stdio.h>
@@ -13,19 +12,19 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "admin.h"
-#include "apply.h"
-#include "capture.h"
-#include "clock.h"
-#include "config.h"
-#include "consumer.h"
-#include "decode.h"
-#include "http.h"
-#include "log.h"
-#include "metrics.h"
-#include "notify.h"
-#include "pipeline.h"
-#include "replay.h"
+#include "ops/admin.h"
+#include "apply/apply.h"
+#include "input/capture.h"
+#include "util/clock.h"
+#include "conf/config.h"
+#include "input/consumer.h"
+#include "format/decode.h"
+#include "ops/http.h"
+#include "util/log.h"
+#include "ops/metrics.h"
+#include "ops/notify.h"
+#include "pipeline/pipeline.h"
+#include "input/replay.h"
 
 #ifndef CES2PG_VERSION
 #define CES2PG_VERSION "0.0.0"
@@ -215,15 +214,13 @@ static ces_config_t *load_config(const char *path, ces_config_mode_t mode) {
         fprintf(stderr, "ces2pg: %s\n", err);
         return NULL;
     }
-    PQconninfoOption *opts = PQconninfoParse(config->pg_conninfo, NULL);
-    if (opts == NULL) {
+    if (!ces_apply_conninfo_valid(config->pg_conninfo)) {
         /* libpq's message may quote the string, which may hold a password: say less. */
         fprintf(stderr, "ces2pg: %s: postgres.conninfo is not a valid libpq connection string\n",
                 path);
         ces_config_destroy(config);
         return NULL;
     }
-    PQconninfoFree(opts);
     ces_log_level_t level;
     if (ces_log_level_parse(config->log_level, &level) == 0)
         ces_log_set_level(level);

@@ -16,7 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "capfile.h"
+#include "format/capfile.h"
 
 static ces_capfile_schemas_t *schemas;
 static volatile unsigned char sink;

@@ -18,8 +18,8 @@
 
 #include <yajl/yajl_parse.h>
 
-#include "decode.h"
-#include "json.h"
+#include "format/decode.h"
+#include "format/json.h"
 
 static ces_decoder_t *decoder;
 static ces_json_parser_t *json;

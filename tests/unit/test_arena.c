@@ -1,6 +1,6 @@
 #include "test_util.h"
 
-#include "arena.h"
+#include "util/arena.h"
 
 /* Fills an arena with n strings of len bytes; each must read back intact. */
 static void fill(ces_arena_t *a, size_t n, size_t len) {

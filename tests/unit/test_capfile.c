@@ -3,8 +3,8 @@
  * clear reason for everything that is not a whole Capture file. */
 #include "test_util.h"
 
-#include "avro.h"
-#include "capfile.h"
+#include "format/avro.h"
+#include "format/capfile.h"
 
 static ces_capfile_schemas_t *schemas;
 static const ces_capfile_limits_t limits = {.max_block_bytes = 1u << 20, .max_map_items = 64};

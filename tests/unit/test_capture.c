@@ -7,7 +7,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "capture.h"
+#include "input/capture.h"
 
 static char root[256];
 

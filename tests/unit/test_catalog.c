@@ -2,7 +2,7 @@
  * conflicts, target-name templates. */
 #include "test_util.h"
 
-#include "catalog.h"
+#include "apply/catalog.h"
 
 static ces_event_t sample_event(void) {
     static ces_column_t cols[] = {TEST_COLUMN("ID", "int"),

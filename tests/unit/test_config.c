@@ -3,7 +3,7 @@
 
 #include <unistd.h>
 
-#include "config.h"
+#include "conf/config.h"
 
 static char path[64];
 

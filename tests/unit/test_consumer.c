@@ -8,8 +8,8 @@
 
 #include <unistd.h>
 
-#include "config.h"
-#include "consumer.h"
+#include "conf/config.h"
+#include "input/consumer.h"
 
 static char path[64];
 

@@ -11,9 +11,9 @@
 #include <avro/schema.h>
 #include <dirent.h>
 
-#include "avro.h"
-#include "decode.h"
-#include "types.h" /* ces_base64_decode */
+#include "format/avro.h"
+#include "format/decode.h"
+#include "format/types.h" /* ces_base64_decode */
 
 static ces_decoder_t *new_decoder(void) {
     ces_decode_limits_t limits;
@@ -217,7 +217,7 @@ static void avro_schemas_match_fixtures(void **state) {
         assert_int_equal(avro_schema_from_json_length(text, len, &theirs), 0);
         assert_int_equal(avro_schema_from_json_length(ours[i], strlen(ours[i]), &mine), 0);
         if (!avro_schema_equal(theirs, mine))
-            fail_msg("%s differs from the schema in src/avro.c", path);
+            fail_msg("%s differs from the schema in src/format/avro.c", path);
         avro_schema_decref(theirs);
         avro_schema_decref(mine);
         free(text);

@@ -1,7 +1,7 @@
 /* Commit LSNs and the (commitlsn, sequencenumber) order (docs/ces-format.md). */
 #include "test_util.h"
 
-#include "event.h"
+#include "format/event.h"
 
 static ces_lsn_t lsn(const char *s) {
     ces_lsn_t l;

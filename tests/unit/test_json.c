@@ -7,7 +7,7 @@
 
 #include <yajl/yajl_parse.h>
 
-#include "json.h"
+#include "format/json.h"
 
 static const ces_json_limits_t limits = {.max_depth = 16, .max_container = 100};
 

@@ -1,6 +1,6 @@
 #include "test_util.h"
 
-#include "map.h"
+#include "util/map.h"
 
 /* The tests of put, get, grow and remove run on both kinds of map (state: its constructor). */
 typedef ces_map_t *(*map_maker_t)(void);

@@ -4,8 +4,8 @@
 
 #include <unistd.h>
 
-#include "config.h"
-#include "metrics.h"
+#include "conf/config.h"
+#include "ops/metrics.h"
 
 static void parses_envelope_times(void **state) {
     (void)state;

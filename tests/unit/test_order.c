@@ -1,7 +1,7 @@
 /* The transaction orderer: grouping by commit LSN, sequence order, duplicates, held offsets. */
 #include "test_util.h"
 
-#include "order.h"
+#include "order/order.h"
 
 static ces_item_t item(uint32_t vlf, uint64_t low, uint64_t seq, int32_t partition,
                        int64_t offset) {

@@ -1,7 +1,7 @@
 /* What PostgreSQL's errors mean for ces2pg: SQLSTATE classes, failed connections, DDL races. */
 #include "test_util.h"
 
-#include "pgerr.h"
+#include "apply/pgerr.h"
 
 typedef struct {
     const char *sqlstate;

@@ -8,7 +8,7 @@
 #include <signal.h>
 #include <sys/mman.h>
 
-#include "pipeline_int.h"
+#include "pipeline/pipeline_int.h"
 
 #define WINDOW 200
 

@@ -5,7 +5,7 @@
  */
 #include "test_util.h"
 
-#include "positions.h"
+#include "apply/positions.h"
 
 #define NONE INT64_MAX /* nothing held back */
 

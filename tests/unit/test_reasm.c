@@ -1,7 +1,7 @@
 /* Joining segments: any order, duplicates, both index bases, legacy, and the bounds. */
 #include "test_util.h"
 
-#include "reasm.h"
+#include "order/reasm.h"
 
 static ces_segment_t seg(int32_t partition, int64_t offset, int64_t index, bool final,
                          const char *data) {

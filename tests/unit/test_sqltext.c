@@ -10,8 +10,8 @@
 
 #include <libpq-fe.h>
 
-#include "catalog.h"
-#include "sqltext.h"
+#include "apply/catalog.h"
+#include "apply/sqltext.h"
 
 static PGconn *conn;
 

@@ -9,7 +9,7 @@
 #include <stdbool.h>
 #include <time.h>
 
-#include "team.h"
+#include "util/team.h"
 
 #define HELPERS 3
 #define ITEMS 500

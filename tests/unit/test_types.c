@@ -1,7 +1,7 @@
 /* The SQL Server -> PostgreSQL type map (docs/semantics.md, "Schema"), and value conversions. */
 #include "test_util.h"
 
-#include "types.h"
+#include "format/types.h"
 
 static void maps_every_documented_type(void **state) {
     (void)state;

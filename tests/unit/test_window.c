@@ -5,7 +5,7 @@
  */
 #include "test_util.h"
 
-#include "window.h"
+#include "order/window.h"
 
 static void grows_to_cover_lateness_with_a_margin(void **state) {
     (void)state;

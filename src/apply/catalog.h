@@ -1,0 +1,151 @@
+/*
+ * catalog: the target tables, as ces2pg finds, creates, extends and describes them.
+ *
+ * Each source table (db, schema, table) maps to one target table named by schema.target. The
+ * catalog reads its columns and primary key from pg_catalog, creates it when it does not exist
+ * (schema.auto_create), adds the columns a later event carries (schema.auto_evolve; never drops or
+ * retypes), adopts a table made before ces2pg by adding the version column, and refuses events
+ * whose table has no primary key or whose column types no longer fit (type conflicts). The type
+ * map and what is guaranteed about target tables are in docs/semantics.md.
+ *
+ * What statements need of a table is its description (ces_catalog_desc_t), read-only outside the
+ * catalog. The decisions (names, types, missing columns, conflicts) are pure functions at the end
+ * of this header, testable without a server.
+ */
+#ifndef CES_CATALOG_H
+#define CES_CATALOG_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "order/batch.h"
+#include "format/event.h"
+#include "format/types.h"
+
+/* Declared in session.h and pgerr.h; not included, so that readers of a table description
+ * (sqltext) do not see libpq. */
+typedef struct ces_session_s ces_session_t;
+typedef struct ces_pgerr_s ces_pgerr_t;
+
+/* NAMEDATALEN - 1: PostgreSQL truncates longer identifiers. */
+#define CES_CATALOG_NAME_MAX 63
+
+/* A column of a target table. */
+typedef struct {
+    char *name;   /* PostgreSQL name */
+    char *type;   /* format_type() with the modifier, e.g. character varying(50) */
+    char *cast;   /* the type without modifier, schema-qualified: what a parameter is cast to */
+    char *quoted; /* name quoted for SQL */
+    ces_conv_t conv;
+} ces_catalog_column_t;
+
+/* A target table as statements see it. Owned by the catalog; valid until ces_catalog_forget or
+ * ces_catalog_destroy. */
+typedef struct {
+    unsigned id;                /* names the table in statement signatures; never reused */
+    char *qualified;            /* quoted "schema"."table" */
+    ces_catalog_column_t *cols; /* in attnum order */
+    size_t ncols;
+    size_t *pk; /* column indices of the primary key, in key order */
+    size_t npk;
+    unsigned oid;     /* of the table: tombstones name it */
+    long version_col; /* index of the version column; -1 when absent or apply.lsn_guard is off */
+} ces_catalog_desc_t;
+
+/* Whether statements on the table carry the version guard (apply.lsn_guard, and the column). */
+static inline bool ces_catalog_guarded(const ces_catalog_desc_t *t) { return t->version_col >= 0; }
+
+typedef struct ces_catalog_s ces_catalog_t;
+typedef struct ces_catalog_table_s ces_catalog_table_t;
+
+typedef struct {
+    const char *target;         /* "{schema}.{table}": target table from source names */
+    bool preserve_case;         /* false: ASCII letters of names are lower-cased */
+    bool auto_create;           /* create missing tables */
+    bool auto_evolve;           /* add missing columns */
+    bool lsn_guard;             /* tables carry the version column */
+    const char *version_column; /* its name */
+} ces_catalog_options_t;
+
+/* Copies the options. Returns NULL when out of memory. Owned by the caller. */
+ces_catalog_t *ces_catalog_new(const ces_catalog_options_t *options)
+    __attribute__((warn_unused_result));
+/* Frees the catalog and every table. Accepts NULL. */
+void ces_catalog_destroy(ces_catalog_t *catalog);
+
+/* Forgets every table (they changed underneath): each is read from pg_catalog again when next
+ * needed. Tables and descriptions obtained before must not be used afterwards. */
+void ces_catalog_forget(ces_catalog_t *catalog);
+
+/*
+ * Finds or makes the target table of ev with every column the event needs, running DDL on
+ * session's connection when needed (outside any transaction; version_quoted names the version
+ * column, ces_metadata_version_quoted). Returns the table (owned by the catalog), or NULL with
+ * either e set (database error) or *reject set to the reason the event is dead-lettered (a string
+ * that lives until the next call). attempt numbers the batch attempt the event is prepared for
+ * (increasing): a table that does not exist and cannot be created is looked for in pg_catalog once
+ * per attempt, not once per event, so a table created meanwhile is found by the next attempt.
+ */
+ces_catalog_table_t *ces_catalog_ensure(ces_catalog_t *catalog, ces_session_t *session,
+                                        const char *version_quoted, const ces_event_t *ev,
+                                        uint64_t attempt, ces_reject_t *reject, ces_pgerr_t *e)
+    __attribute__((warn_unused_result));
+
+/* The table's description (a reference into table). */
+const ces_catalog_desc_t *ces_catalog_desc(const ces_catalog_table_t *table);
+
+/* The index of the table's column for a source column name, or -1. Answers are remembered, so that
+ * this costs one hash lookup per column of an event. */
+long ces_catalog_resolve_column(ces_catalog_table_t *table, const char *source_name);
+
+/* True the first time an UPD without an old row image is seen for table: the caller warns once. */
+bool ces_catalog_note_no_old_image(ces_catalog_table_t *table);
+
+/* The plain-INSERT policy (see the bulk path in bulk.h). Inserts of new keys may go as plain
+ * INSERTs in attempt number attempt unless a recent one found its key taken. */
+bool ces_catalog_plain_inserts(const ces_catalog_table_t *table, uint64_t attempt);
+/* A plain INSERT of table found its key taken in attempt: upserts only, for the next
+ * ces_catalog_upsert_attempts() attempts. */
+void ces_catalog_insert_taken(ces_catalog_table_t *table, uint64_t attempt);
+#define CES_CATALOG_UPSERT_ATTEMPTS 64u
+#define CES_CATALOG_UPSERT_MAX_DOUBLINGS 6u
+
+/* ---------------------------------------------------------------------------------------------- */
+/* Pure decisions                                                                                 */
+
+/* name lower-cased in its ASCII letters (as PostgreSQL does for unquoted names) unless
+ * preserve_case, and clipped to CES_CATALOG_NAME_MAX bytes without splitting a UTF-8 character.
+ * Returns a malloc'd string owned by the caller, or NULL when out of memory. */
+char *ces_catalog_fold_name(const char *name, bool preserve_case)
+    __attribute__((warn_unused_result));
+
+/* pattern (one part of schema.target) with {db}, {schema} and {table} replaced by ev's source
+ * names. Returns a malloc'd string owned by the caller, or NULL when out of memory. */
+char *ces_catalog_expand_target(const char *pattern, const ces_event_t *ev)
+    __attribute__((warn_unused_result));
+
+/* Writes into buf the PostgreSQL type a new column for source_name gets: its SQL Server type
+ * mapped (ces_types_map), or text when the event announces no type. Returns the SQL Server type
+ * when it has no mapping (the column is text, and the caller warns), else NULL. */
+const char *ces_catalog_new_column_type(const ces_event_t *ev, const char *source_name, char *buf,
+                                        size_t size);
+
+/* The source names of the columns ev mentions (cols, pkkey, current, old; each once) that table
+ * has no column for, in that order. *missing is a malloc'd array owned by the caller (its strings
+ * are ev's). Returns 0, or -1 when out of memory. */
+int ces_catalog_missing_columns(const ces_catalog_desc_t *table, bool preserve_case,
+                                const ces_event_t *ev, const char ***missing, size_t *nmissing)
+    __attribute__((warn_unused_result));
+
+/* How many attempts a table sends upserts only after a plain INSERT found its key taken, when
+ * that happened taken_before times before: CES_CATALOG_UPSERT_ATTEMPTS, doubling with each taken
+ * key at most CES_CATALOG_UPSERT_MAX_DOUBLINGS times (64 up to 4,096), so that a table whose keys
+ * keep being taken costs little. */
+uint64_t ces_catalog_upsert_attempts(unsigned taken_before);
+
+/* True when a target column cast to target_cast (ces_catalog_column_t.cast, e.g.
+ * "pg_catalog.int4") cannot hold values of SQL Server type source_type: a type conflict. */
+bool ces_catalog_type_conflicts(const char *target_cast, const char *source_type);
+
+#endif

@@ -1,0 +1,101 @@
+#include "apply/pgerr.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+#define SQLSTATE_CLASS_LEN 2
+
+static const char *const retry_classes[] = {ERRCODE_CLASS_CONNECTION_EXCEPTION,
+                                            ERRCODE_CLASS_INSUFFICIENT_RESOURCES};
+static const char *const retry_codes[] = {
+    ERRCODE_ADMIN_SHUTDOWN,         ERRCODE_CRASH_SHUTDOWN,         ERRCODE_CANNOT_CONNECT_NOW,
+    ERRCODE_QUERY_CANCELED,         ERRCODE_T_R_SERIALIZATION_FAILURE,
+    ERRCODE_T_R_DEADLOCK_DETECTED,  ERRCODE_LOCK_NOT_AVAILABLE};
+/* A change PostgreSQL rejects for what it holds: the change is dead-lettered. */
+static const char *const data_classes[] = {ERRCODE_CLASS_DATA_EXCEPTION,
+                                           ERRCODE_CLASS_INTEGRITY_CONSTRAINT_VIOLATION,
+                                           ERRCODE_CLASS_PROGRAM_LIMIT_EXCEEDED};
+/* A cached table description no longer matches the server's. */
+static const char *const stale_codes[] = {ERRCODE_UNDEFINED_TABLE, ERRCODE_UNDEFINED_COLUMN};
+static const char *const ddl_race_codes[] = {ERRCODE_UNIQUE_VIOLATION, ERRCODE_DUPLICATE_TABLE,
+                                             ERRCODE_DUPLICATE_SCHEMA, ERRCODE_DUPLICATE_COLUMN,
+                                             ERRCODE_DUPLICATE_OBJECT};
+
+#define COUNT(array) (sizeof(array) / sizeof((array)[0]))
+
+static bool in_list(const char *sqlstate, const char *const *codes, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        if (strcmp(sqlstate, codes[i]) == 0)
+            return true;
+    }
+    return false;
+}
+
+static bool in_classes(const char *sqlstate, const char *const *classes, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        if (strncmp(sqlstate, classes[i], SQLSTATE_CLASS_LEN) == 0)
+            return true;
+    }
+    return false;
+}
+
+void ces_pgerr_set(ces_pgerr_t *e, ces_pgerr_class_t cls, long item, const char *sqlstate,
+                   const char *fmt, ...) {
+    if (e->cls != CES_PGERR_NONE)
+        return;
+    e->cls = cls;
+    e->failed_item = item;
+    snprintf(e->sqlstate, sizeof(e->sqlstate), "%s", sqlstate ? sqlstate : "");
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(e->message, sizeof(e->message), fmt, ap);
+    va_end(ap);
+    size_t n = strlen(e->message);
+    while (n > 0 && (e->message[n - 1] == '\n' || e->message[n - 1] == ' '))
+        e->message[--n] = '\0';
+}
+
+void ces_pgerr_from_result(ces_pgerr_t *e, const PGconn *conn, const PGresult *res, long item) {
+    const char *sqlstate = res ? PQresultErrorField(res, PG_DIAG_SQLSTATE) : NULL;
+    const char *msg = res ? PQresultErrorMessage(res) : PQerrorMessage(conn);
+    if (msg == NULL || msg[0] == '\0')
+        msg = PQerrorMessage(conn);
+    ces_pgerr_set(e, ces_pgerr_classify(sqlstate, PQstatus(conn) == CONNECTION_OK), item, sqlstate,
+                  "%s", msg);
+}
+
+void ces_pgerr_clear(ces_pgerr_t *e) { *e = (ces_pgerr_t)CES_PGERR_INIT; }
+
+ces_pgerr_class_t ces_pgerr_classify(const char *sqlstate, bool connection_ok) {
+    if (!connection_ok || sqlstate == NULL || sqlstate[0] == '\0')
+        return CES_PGERR_RETRY;
+    if (in_classes(sqlstate, retry_classes, COUNT(retry_classes)) ||
+        in_list(sqlstate, retry_codes, COUNT(retry_codes)))
+        return CES_PGERR_RETRY;
+    if (in_classes(sqlstate, data_classes, COUNT(data_classes)))
+        return CES_PGERR_DATA;
+    if (in_list(sqlstate, stale_codes, COUNT(stale_codes)))
+        return CES_PGERR_STALE;
+    return CES_PGERR_FATAL;
+}
+
+ces_pgerr_class_t ces_pgerr_classify_connect_failure(const char *message) {
+    static const char *const fatal[] = {"password authentication failed", "does not exist",
+                                        "no pg_hba.conf entry", "authentication failed",
+                                        "permission denied", "invalid connection option",
+                                        "missing \"=\"", "invalid sslmode", "certificate"};
+    for (size_t i = 0; i < COUNT(fatal); i++) {
+        if (strstr(message, fatal[i]) != NULL)
+            return CES_PGERR_FATAL;
+    }
+    return CES_PGERR_RETRY;
+}
+
+bool ces_pgerr_is_ddl_race(const char *sqlstate) {
+    return sqlstate != NULL && in_list(sqlstate, ddl_race_codes, COUNT(ddl_race_codes));
+}
+
+bool ces_pgerr_undoes_only_the_step(ces_pgerr_class_t cls) {
+    return cls == CES_PGERR_DATA || cls == CES_PGERR_BULK || cls == CES_PGERR_INSERT_TAKEN;
+}

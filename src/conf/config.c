@@ -1,0 +1,865 @@
+
+#include "conf/config.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <libconfig.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "util/log.h"
+
+typedef enum { KEY_STRING, KEY_INT, KEY_BOOL, KEY_STRING_LIST } key_type_t;
+
+typedef struct {
+    const char *name; /* "group.key" */
+    key_type_t type;
+    size_t offset; /* of the field in ces_config_t */
+    const char *default_value; /* NULL: no default (required, or empty list) */
+    bool required_for_daemon;
+    bool required_for_replay;
+    int64_t min, max; /* KEY_INT bounds */
+    bool reloadable;  /* SIGHUP may change it (RELOAD); others need a restart (RESTART) */
+} key_t_;
+
+#define RELOAD true
+#define RESTART false
+
+#define F(field) offsetof(ces_config_t, field)
+
+/* The single table of configuration keys (documented one by one in conf/ces2pg.conf). */
+static const key_t_ keys[] = {
+    /* Required for the daemon unless an Event Hubs connection string is given (see load). */
+    {"kafka.brokers", KEY_STRING, F(kafka_brokers), NULL, true, false, 0, 0, RESTART},
+    {"kafka.topics", KEY_STRING_LIST, F(kafka_topics), NULL, true, false, 0, 0, RESTART},
+    {"kafka.group_id", KEY_STRING, F(kafka_group_id), "ces2pg", false, false, 0, 0, RESTART},
+    {"kafka.properties", KEY_STRING_LIST, F(kafka_properties), NULL, false, false, 0, 0, RESTART},
+    {"kafka.poll_ms", KEY_INT, F(kafka_poll_ms), "100", false, false, 1, 10000, RESTART},
+    {"kafka.format", KEY_STRING, F(kafka_format), "auto", false, false, 0, 0, RESTART},
+    {"kafka.eventhubs_connection_string", KEY_STRING, F(kafka_eventhubs_connection_string), NULL,
+     false, false, 0, 0, RESTART},
+    {"kafka.eventhubs_connection_string_file", KEY_STRING,
+     F(kafka_eventhubs_connection_string_file), NULL, false, false, 0, 0, RESTART},
+    {"kafka.ssl_ca_file", KEY_STRING, F(kafka_ssl_ca_file), NULL, false, false, 0, 0, RESTART},
+    {"kafka.on_source_gap", KEY_STRING, F(kafka_on_source_gap), "stop", false, false, 0, 0,
+     RESTART},
+    {"kafka.group_instance_id", KEY_STRING, F(kafka_group_instance_id), NULL, false, false, 0, 0,
+     RESTART},
+    {"postgres.conninfo", KEY_STRING, F(pg_conninfo), NULL, true, true, 0, 0, RESTART},
+    {"postgres.password_file", KEY_STRING, F(pg_password_file), NULL, false, false, 0, 0, RESTART},
+    {"postgres.retry_max_ms", KEY_INT, F(pg_retry_max_ms), "30000", false, false, 100, 3600000, RESTART},
+    {"apply.batch_max_events", KEY_INT, F(apply_batch_max_events), "5000", false, false, 1,
+     1000000, RESTART},
+    {"apply.batch_max_bytes", KEY_INT, F(apply_batch_max_bytes), "4194304", false, false, 65536,
+     INT64_C(1) << 34, RESTART},
+    {"apply.batch_max_ms", KEY_INT, F(apply_batch_max_ms), "100", false, false, 0, 600000, RESTART},
+    {"apply.ordering", KEY_STRING, F(apply_ordering), "transaction", false, false, 0, 0, RESTART},
+    {"apply.reorder_window_ms", KEY_INT, F(apply_reorder_window_ms), "200", false, false, 0,
+     600000, RESTART},
+    {"apply.reorder_window_max_ms", KEY_INT, F(apply_reorder_window_max_ms), "5000", false, false,
+     0, 600000, RESTART},
+    {"apply.reorder_window_adaptive", KEY_BOOL, F(apply_reorder_window_adaptive), "true", false,
+     false, 0, 0, RESTART},
+    {"apply.max_pending_events", KEY_INT, F(apply_max_pending_events), "10000", false, false, 100,
+     100000000, RESTART},
+    {"apply.max_pending_bytes", KEY_INT, F(apply_max_pending_bytes), "16777216", false, false,
+     65536, INT64_C(1) << 40, RESTART},
+    {"apply.dedup_window", KEY_INT, F(apply_dedup_window), "100000", false, false, 0, 100000000, RESTART},
+    {"apply.lsn_guard", KEY_BOOL, F(apply_lsn_guard), "true", false, false, 0, 0, RESTART},
+    {"apply.version_column", KEY_STRING, F(apply_version_column), "_ces_lsn", false, false, 0, 0, RESTART},
+    {"apply.tombstone_retention", KEY_STRING, F(apply_tombstone_retention), "8 days", false, false,
+     0, 0, RESTART},
+    {"schema.metadata_schema", KEY_STRING, F(schema_metadata), "ces2pg", false, false, 0, 0, RESTART},
+    {"schema.target", KEY_STRING, F(schema_target), "{schema}.{table}", false, false, 0, 0, RESTART},
+    {"schema.identifier_case", KEY_STRING, F(schema_identifier_case), "lower", false, false, 0, 0, RESTART},
+    {"schema.include", KEY_STRING_LIST, F(schema_include), NULL, false, false, 0, 0, RESTART},
+    {"schema.exclude", KEY_STRING_LIST, F(schema_exclude), NULL, false, false, 0, 0, RESTART},
+    {"schema.auto_create", KEY_BOOL, F(schema_auto_create), "true", false, false, 0, 0, RESTART},
+    {"schema.auto_evolve", KEY_BOOL, F(schema_auto_evolve), "true", false, false, 0, 0, RESTART},
+    {"decode.max_record_bytes", KEY_INT, F(decode_max_record_bytes), "2097152", false, false, 1024,
+     INT64_C(1) << 30, RESTART},
+    {"decode.max_event_bytes", KEY_INT, F(decode_max_event_bytes), "67108864", false, false, 1024,
+     INT64_C(1) << 32, RESTART},
+    {"decode.max_depth", KEY_INT, F(decode_max_depth), "16", false, false, 4, 1000, RESTART},
+    {"decode.max_columns", KEY_INT, F(decode_max_columns), "4096", false, false, 1, 100000, RESTART},
+    {"decode.max_value_bytes", KEY_INT, F(decode_max_value_bytes), "2097152", false, false, 1,
+     INT64_C(1) << 30, RESTART},
+    {"decode.threads", KEY_INT, F(decode_threads), "0", false, false, 0, 64, RESTART},
+    {"reassembly.max_bytes", KEY_INT, F(reassembly_max_bytes), "67108864", false, false, 1024,
+     INT64_C(1) << 34, RESTART},
+    {"reassembly.max_segments", KEY_INT, F(reassembly_max_segments), "4096", false, false, 2,
+     1000000, RESTART},
+    {"reassembly.timeout_ms", KEY_INT, F(reassembly_timeout_ms), "300000", false, false, 10,
+     INT64_C(86400000), RESTART},
+    {"log.level", KEY_STRING, F(log_level), "info", false, false, 0, 0, RELOAD},
+    {"log.format", KEY_STRING, F(log_format), "text", false, false, 0, 0, RELOAD},
+    {"log.progress_interval", KEY_INT, F(log_progress_interval), "10", false, false, 0, 86400,
+     RELOAD},
+    {"http.listen", KEY_STRING, F(http_listen), "127.0.0.1:9187", false, false, 0, 0, RELOAD},
+};
+
+#define NKEYS (sizeof(keys) / sizeof(keys[0]))
+
+static const key_t_ *find_key(const char *name) {
+    for (size_t i = 0; i < NKEYS; i++) {
+        if (strcmp(keys[i].name, name) == 0)
+            return &keys[i];
+    }
+    return NULL;
+}
+
+static bool group_known(const char *group) {
+    size_t len = strlen(group);
+    for (size_t i = 0; i < NKEYS; i++) {
+        if (strncmp(keys[i].name, group, len) == 0 && keys[i].name[len] == '.')
+            return true;
+    }
+    return false;
+}
+
+static void strlist_free(ces_strlist_t *list) {
+    for (size_t i = 0; i < list->count; i++)
+        free(list->items[i]);
+    free(list->items);
+    free(list->lines);
+    memset(list, 0, sizeof(*list));
+}
+
+void ces_config_destroy(ces_config_t *config) {
+    if (config == NULL)
+        return;
+    for (size_t i = 0; i < NKEYS; i++) {
+        void *field = (char *)config + keys[i].offset;
+        if (keys[i].type == KEY_STRING)
+            free(*(char **)field);
+        else if (keys[i].type == KEY_STRING_LIST)
+            strlist_free(field);
+    }
+    if (config->pg_password != NULL) {
+        explicit_bzero(config->pg_password, strlen(config->pg_password));
+        free(config->pg_password);
+    }
+    free(config->path);
+    free(config);
+}
+
+/* Expands ${NAME} references to environment variables in a string value. Returns a new string, or
+ * NULL with errstr naming the file, line, key and variable. A '$' not followed by '{' is kept. */
+static char *expand_env(const char *in, const char *file, int line, const char *key, char *errstr,
+                        size_t errstr_size) {
+    if (strstr(in, "${") == NULL)
+        return strdup(in);
+    size_t cap = strlen(in) + 1, len = 0;
+    char *out = malloc(cap);
+    for (const char *p = in; out != NULL && *p != '\0';) {
+        const char *add = p;
+        size_t n = 1;
+        if (p[0] == '$' && p[1] == '{') {
+            const char *close = strchr(p + 2, '}');
+            size_t name_len = close ? (size_t)(close - (p + 2)) : 0;
+            if (close == NULL || name_len == 0 || name_len > 255) {
+                snprintf(errstr, errstr_size,
+                         "%s:%d: %s: '${' must be followed by a variable name and '}'", file, line,
+                         key);
+                free(out);
+                return NULL;
+            }
+            char name[256];
+            memcpy(name, p + 2, name_len);
+            name[name_len] = '\0';
+            add = getenv(name);
+            if (add == NULL) {
+                snprintf(errstr, errstr_size, "%s:%d: %s: environment variable %s is not set", file,
+                         line, key, name);
+                free(out);
+                return NULL;
+            }
+            n = strlen(add);
+            p = close + 1;
+        } else {
+            p++;
+        }
+        if (len + n + 1 > cap) {
+            cap = (len + n + 1) * 2;
+            char *bigger = realloc(out, cap);
+            if (bigger == NULL) {
+                free(out);
+                out = NULL;
+                break;
+            }
+            out = bigger;
+        }
+        memcpy(out + len, add, n);
+        len += n;
+    }
+    if (out == NULL) {
+        snprintf(errstr, errstr_size, "%s: out of memory", file);
+        return NULL;
+    }
+    out[len] = '\0';
+    return out;
+}
+
+static const char *type_name(key_type_t type) {
+    switch (type) {
+    case KEY_STRING: return "a string";
+    case KEY_INT: return "an integer";
+    case KEY_BOOL: return "a boolean (true or false)";
+    case KEY_STRING_LIST: return "a list of strings, like [ \"a\", \"b\" ]";
+    }
+    return "?";
+}
+
+/* Stores a value given as text (the table's defaults). */
+static int set_from_text(ces_config_t *config, const key_t_ *key, const char *text) {
+    void *field = (char *)config + key->offset;
+    switch (key->type) {
+    case KEY_STRING:
+        free(*(char **)field);
+        *(char **)field = strdup(text);
+        return *(char **)field ? 0 : -1;
+    case KEY_INT:
+        *(int64_t *)field = strtoll(text, NULL, 10);
+        return 0;
+    case KEY_BOOL:
+        *(bool *)field = strcmp(text, "true") == 0;
+        return 0;
+    case KEY_STRING_LIST:
+        return 0;
+    }
+    return -1;
+}
+
+static int set_from_setting(ces_config_t *config, const key_t_ *key, config_setting_t *s,
+                            const char *file, char *errstr, size_t errstr_size) {
+    void *field = (char *)config + key->offset;
+    int line = config_setting_source_line(s);
+    int type = config_setting_type(s);
+    switch (key->type) {
+    case KEY_STRING:
+        if (type != CONFIG_TYPE_STRING)
+            goto wrong_type;
+        free(*(char **)field);
+        *(char **)field =
+            expand_env(config_setting_get_string(s), file, line, key->name, errstr, errstr_size);
+        if (*(char **)field == NULL)
+            return -1;
+        break;
+    case KEY_INT: {
+        if (type != CONFIG_TYPE_INT && type != CONFIG_TYPE_INT64)
+            goto wrong_type;
+        long long v = config_setting_get_int64(s);
+        if (v < key->min || v > key->max) {
+            snprintf(errstr, errstr_size, "%s:%d: %s = %lld is out of range (%" PRId64 "..%" PRId64 ")",
+                     file, line, key->name, v, key->min, key->max);
+            return -1;
+        }
+        *(int64_t *)field = v;
+        break;
+    }
+    case KEY_BOOL:
+        if (type != CONFIG_TYPE_BOOL)
+            goto wrong_type;
+        *(bool *)field = config_setting_get_bool(s) != 0;
+        break;
+    case KEY_STRING_LIST: {
+        if (type != CONFIG_TYPE_ARRAY && type != CONFIG_TYPE_LIST)
+            goto wrong_type;
+        ces_strlist_t *list = field;
+        strlist_free(list);
+        int n = config_setting_length(s);
+        list->items = calloc((size_t)n + 1, sizeof(char *));
+        list->lines = calloc((size_t)n + 1, sizeof(int));
+        if (list->items == NULL || list->lines == NULL)
+            goto nomem;
+        for (int i = 0; i < n; i++) {
+            config_setting_t *e = config_setting_get_elem(s, (unsigned)i);
+            if (config_setting_type(e) != CONFIG_TYPE_STRING)
+                goto wrong_type;
+            int item_line = (int)config_setting_source_line(e);
+            list->lines[i] = item_line > 0 ? item_line : line;
+            list->items[i] = expand_env(config_setting_get_string(e), file, list->lines[i],
+                                        key->name, errstr, errstr_size);
+            if (list->items[i] == NULL)
+                return -1;
+            list->count++;
+        }
+        break;
+    }
+    }
+    return 0;
+wrong_type:
+    snprintf(errstr, errstr_size, "%s:%d: %s must be %s", file, line, key->name,
+             type_name(key->type));
+    return -1;
+nomem:
+    snprintf(errstr, errstr_size, "%s: out of memory", file);
+    return -1;
+}
+
+/* "8 days", "12 h", "90 minutes", "30 s" -> seconds. Returns 0, or -1 when malformed. */
+static int parse_duration(const char *text, int64_t *seconds) {
+    static const struct {
+        const char *unit;
+        int64_t factor;
+    } units[] = {{"s", 1},         {"sec", 1},     {"second", 1},  {"seconds", 1},
+                 {"min", 60},      {"minute", 60}, {"minutes", 60}, {"h", 3600},
+                 {"hour", 3600},   {"hours", 3600}, {"d", 86400},   {"day", 86400},
+                 {"days", 86400}};
+    char *end;
+    long long n = strtoll(text, &end, 10);
+    if (end == text || n < 0 || n > 100000000)
+        return -1;
+    while (*end == ' ')
+        end++;
+    for (size_t i = 0; i < sizeof(units) / sizeof(units[0]); i++) {
+        if (strcmp(end, units[i].unit) == 0) {
+            *seconds = (int64_t)n * units[i].factor;
+            return 0;
+        }
+    }
+    return -1;
+}
+
+static int line_of(config_t *cfg, const char *name);
+
+/* Semantic checks that go beyond one key's type. */
+static int validate(ces_config_t *c, config_t *cfg, const char *file, char *errstr,
+                    size_t errstr_size) {
+    ces_log_level_t level;
+    if (ces_log_level_parse(c->log_level, &level) != 0) {
+        config_setting_t *s = config_lookup(cfg, "log.level");
+        snprintf(errstr, errstr_size, "%s:%d: log.level must be one of error, warning, info, debug",
+                 file, s ? config_setting_source_line(s) : 0);
+        return -1;
+    }
+    for (size_t i = 0; i < c->kafka_properties.count; i++) {
+        const char *p = c->kafka_properties.items[i];
+        const char *eq = strchr(p, '=');
+        if (eq == NULL || eq == p) {
+            snprintf(errstr, errstr_size,
+                     "%s:%d: kafka.properties: '%s' is not of the form name=value", file,
+                     c->kafka_properties.lines[i], p);
+            return -1;
+        }
+    }
+    for (size_t i = 0; i < c->kafka_topics.count; i++) {
+        if (c->kafka_topics.items[i][0] == '\0') {
+            snprintf(errstr, errstr_size, "%s:%d: kafka.topics: empty topic name", file,
+                     c->kafka_topics.lines[i]);
+            return -1;
+        }
+    }
+    if (strcmp(c->kafka_format, "auto") != 0 && strcmp(c->kafka_format, "json") != 0 &&
+        strcmp(c->kafka_format, "avro") != 0) {
+        config_setting_t *s = config_lookup(cfg, "kafka.format");
+        snprintf(errstr, errstr_size, "%s:%d: kafka.format must be \"auto\", \"json\" or \"avro\"",
+                 file, s ? config_setting_source_line(s) : 0);
+        return -1;
+    }
+    if (strcmp(c->kafka_on_source_gap, "stop") != 0 &&
+        strcmp(c->kafka_on_source_gap, "continue") != 0) {
+        snprintf(errstr, errstr_size, "%s:%d: kafka.on_source_gap must be \"stop\" or \"continue\"",
+                 file, line_of(cfg, "kafka.on_source_gap"));
+        return -1;
+    }
+    if (strcmp(c->apply_ordering, "transaction") != 0 && strcmp(c->apply_ordering, "partition") != 0) {
+        config_setting_t *s = config_lookup(cfg, "apply.ordering");
+        snprintf(errstr, errstr_size, "%s:%d: apply.ordering must be \"transaction\" or \"partition\"",
+                 file, s ? config_setting_source_line(s) : 0);
+        return -1;
+    }
+    /* A window that starts above the default maximum may grow from there unless told otherwise. */
+    bool max_given = config_lookup(cfg, "apply.reorder_window_max_ms") != NULL;
+    if (!max_given && c->apply_reorder_window_max_ms < c->apply_reorder_window_ms)
+        c->apply_reorder_window_max_ms = c->apply_reorder_window_ms;
+    if (c->apply_reorder_window_max_ms < c->apply_reorder_window_ms) {
+        snprintf(errstr, errstr_size,
+                 "%s:%d: apply.reorder_window_max_ms (%lld) is below apply.reorder_window_ms "
+                 "(%lld): the window starts at the one and grows up to the other",
+                 file, line_of(cfg, "apply.reorder_window_max_ms"),
+                 (long long)c->apply_reorder_window_max_ms, (long long)c->apply_reorder_window_ms);
+        return -1;
+    }
+    if (parse_duration(c->apply_tombstone_retention, &c->apply_tombstone_retention_s) != 0) {
+        config_setting_t *s = config_lookup(cfg, "apply.tombstone_retention");
+        snprintf(errstr, errstr_size,
+                 "%s:%d: apply.tombstone_retention must be a number and a unit, like \"8 days\" "
+                 "(seconds, minutes, hours, days)",
+                 file, s ? config_setting_source_line(s) : 0);
+        return -1;
+    }
+    if (c->apply_version_column[0] == '\0' || strlen(c->apply_version_column) > 63) {
+        config_setting_t *s = config_lookup(cfg, "apply.version_column");
+        snprintf(errstr, errstr_size, "%s:%d: apply.version_column must be 1 to 63 bytes", file,
+                 s ? config_setting_source_line(s) : 0);
+        return -1;
+    }
+    const char *dot = strchr(c->schema_target, '.');
+    if (dot == NULL || dot == c->schema_target || dot[1] == '\0' || strchr(dot + 1, '.') != NULL) {
+        config_setting_t *s = config_lookup(cfg, "schema.target");
+        snprintf(errstr, errstr_size,
+                 "%s:%d: schema.target must be SCHEMA.TABLE, each part text and {db}, {schema} or "
+                 "{table}, like \"{schema}.{table}\" or \"staging.{db}_{table}\"",
+                 file, s ? config_setting_source_line(s) : 0);
+        return -1;
+    }
+    for (const char *p = c->schema_target; (p = strchr(p, '{')) != NULL; p++) {
+        if (strncmp(p, "{db}", 4) != 0 && strncmp(p, "{schema}", 8) != 0 &&
+            strncmp(p, "{table}", 7) != 0) {
+            config_setting_t *s = config_lookup(cfg, "schema.target");
+            snprintf(errstr, errstr_size,
+                     "%s:%d: schema.target: unknown placeholder at '%.20s' (use {db}, {schema}, "
+                     "{table})",
+                     file, s ? config_setting_source_line(s) : 0, p);
+            return -1;
+        }
+    }
+    if (strcmp(c->schema_identifier_case, "lower") != 0 &&
+        strcmp(c->schema_identifier_case, "preserve") != 0) {
+        config_setting_t *s = config_lookup(cfg, "schema.identifier_case");
+        snprintf(errstr, errstr_size, "%s:%d: schema.identifier_case must be \"lower\" or \"preserve\"",
+                 file, s ? config_setting_source_line(s) : 0);
+        return -1;
+    }
+    if (strcmp(c->log_format, "text") != 0 && strcmp(c->log_format, "json") != 0) {
+        snprintf(errstr, errstr_size, "%s:%d: log.format must be \"text\" or \"json\"", file,
+                 line_of(cfg, "log.format"));
+        return -1;
+    }
+    if (c->http_listen[0] != '\0') {
+        const char *colon = strrchr(c->http_listen, ':');
+        char *end = NULL;
+        long port = colon ? strtol(colon + 1, &end, 10) : -1;
+        if (colon == NULL || colon == c->http_listen || end == colon + 1 || *end != '\0' ||
+            port < 1 || port > 65535) {
+            snprintf(errstr, errstr_size,
+                     "%s:%d: http.listen must be \"HOST:PORT\" (like \"127.0.0.1:9187\" or "
+                     "\"[::1]:9187\"), or \"\" for no HTTP server",
+                     file, line_of(cfg, "http.listen"));
+            return -1;
+        }
+    }
+    if (c->schema_metadata[0] == '\0') {
+        snprintf(errstr, errstr_size, "%s: schema.metadata_schema must not be empty", file);
+        return -1;
+    }
+    return 0;
+}
+
+/* Line of a key in the file, or of its group, or 1: for error messages. */
+static int line_of(config_t *cfg, const char *name) {
+    config_setting_t *s = config_lookup(cfg, name);
+    if (s == NULL) {
+        char group[64];
+        snprintf(group, sizeof(group), "%.*s", (int)strcspn(name, "."), name);
+        s = config_lookup(cfg, group);
+    }
+    return s ? config_setting_source_line(s) : 1;
+}
+
+/* Reads a secret from a file: its content without surrounding white space. A relative path is
+ * looked up in $CREDENTIALS_DIRECTORY when that is set (systemd's LoadCredential=). Errors never
+ * quote the content. Returns a new string or NULL with errstr set. */
+static char *read_secret_file(const char *file, int line, const char *key, const char *secret_path,
+                              char *errstr, size_t errstr_size) {
+    enum { MAX_SECRET = 65536 };
+    char resolved[4096];
+    const char *creds = getenv("CREDENTIALS_DIRECTORY");
+    if (secret_path[0] != '/' && creds != NULL && creds[0] != '\0') {
+        snprintf(resolved, sizeof(resolved), "%s/%s", creds, secret_path);
+        secret_path = resolved;
+    }
+    FILE *f = fopen(secret_path, "r");
+    if (f == NULL) {
+        snprintf(errstr, errstr_size, "%s:%d: %s: cannot read '%s': %s", file, line, key,
+                 secret_path, strerror(errno));
+        return NULL;
+    }
+    char *buf = malloc(MAX_SECRET + 1);
+    size_t len = buf ? fread(buf, 1, MAX_SECRET + 1, f) : 0;
+    bool failed = buf == NULL || ferror(f);
+    fclose(f);
+    if (failed || len > MAX_SECRET) {
+        snprintf(errstr, errstr_size, "%s:%d: %s: '%s' %s", file, line, key, secret_path,
+                 buf == NULL ? "cannot be read: out of memory"
+                 : failed    ? "cannot be read"
+                             : "is too large for a secret");
+        if (buf != NULL)
+            explicit_bzero(buf, len);
+        free(buf);
+        return NULL;
+    }
+    size_t start = 0;
+    while (start < len && isspace((unsigned char)buf[start]))
+        start++;
+    while (len > start && isspace((unsigned char)buf[len - 1]))
+        len--;
+    memmove(buf, buf + start, len - start);
+    buf[len - start] = '\0';
+    if (buf[0] == '\0') {
+        snprintf(errstr, errstr_size, "%s:%d: %s: '%s' is empty", file, line, key, secret_path);
+        free(buf);
+        return NULL;
+    }
+    return buf;
+}
+
+/* postgres.password_file: the password, one line without control characters. */
+static int settle_postgres_password(ces_config_t *c, config_t *cfg, const char *file,
+                                    char *errstr, size_t errstr_size) {
+    if (c->pg_password_file == NULL)
+        return 0;
+    int line = line_of(cfg, "postgres.password_file");
+    c->pg_password = read_secret_file(file, line, "postgres.password_file", c->pg_password_file,
+                                      errstr, errstr_size);
+    if (c->pg_password == NULL)
+        return -1;
+    for (const char *p = c->pg_password; *p != '\0'; p++) {
+        if (iscntrl((unsigned char)*p)) {
+            snprintf(errstr, errstr_size,
+                     "%s:%d: postgres.password_file: the password must be one line without control "
+                     "characters (the value is not shown)",
+                     file, line);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* The Event Hubs namespace host of a connection string's Endpoint=sb://HOST/ part, copied into
+ * host. Returns 0, or -1 when there is no usable Endpoint. */
+static int eventhubs_endpoint_host(const char *conn, char *host, size_t host_size) {
+    const char *p = conn;
+    while (*p != '\0') {
+        size_t len = strcspn(p, ";");
+        static const char key[] = "endpoint=";
+        if (len > sizeof(key) - 1 && strncasecmp(p, key, sizeof(key) - 1) == 0) {
+            const char *v = p + sizeof(key) - 1, *end = p + len;
+            while (v < end && isspace((unsigned char)*v))
+                v++;
+            const char *scheme = strstr(v, "://");
+            if (scheme == NULL || scheme >= end)
+                return -1;
+            v = scheme + 3;
+            size_t n = 0;
+            while (v + n < end && v[n] != '/')
+                n++;
+            if (n == 0 || n >= host_size)
+                return -1;
+            for (size_t i = 0; i < n; i++) {
+                if (!isalnum((unsigned char)v[i]) && v[i] != '.' && v[i] != '-' && v[i] != ':')
+                    return -1;
+            }
+            memcpy(host, v, n);
+            host[n] = '\0';
+            return 0;
+        }
+        p += len;
+        if (*p == ';')
+            p++;
+    }
+    return -1;
+}
+
+/* Static group membership: the key, else $CES2PG_GROUP_INSTANCE_ID (which the systemd unit and the
+ * compose file set per instance); "" in either turns it off. */
+static int settle_group_instance_id(ces_config_t *c, const char *file, char *errstr,
+                                    size_t errstr_size) {
+    const char *env = getenv(CES_CONFIG_GROUP_INSTANCE_ENV);
+    if (c->kafka_group_instance_id == NULL && env != NULL &&
+        (c->kafka_group_instance_id = strdup(env)) == NULL) {
+        snprintf(errstr, errstr_size, "%s: out of memory", file);
+        return -1;
+    }
+    if (c->kafka_group_instance_id != NULL && c->kafka_group_instance_id[0] == '\0') {
+        free(c->kafka_group_instance_id);
+        c->kafka_group_instance_id = NULL;
+    }
+    /* What Kafka accepts as a static member's name (brokers refuse the join otherwise). */
+    const char *id = c->kafka_group_instance_id;
+    size_t len = id ? strlen(id) : 0;
+    bool valid = len <= 249;
+    for (size_t i = 0; i < len && valid; i++)
+        valid = isalnum((unsigned char)id[i]) || id[i] == '.' || id[i] == '_' || id[i] == '-';
+    if (!valid) {
+        snprintf(errstr, errstr_size,
+                 "%s: kafka.group_instance_id (or $%s) must be 1 to 249 letters, digits, '.', '_' "
+                 "or '-', not '%.60s'",
+                 file, CES_CONFIG_GROUP_INSTANCE_ENV, id);
+        return -1;
+    }
+    return 0;
+}
+
+/* Event Hubs mode and TLS files: one source of the connection string, the bootstrap servers
+ * derived from it when kafka.brokers is not set, files readable. Never quotes the secret. */
+static int settle_kafka_security(ces_config_t *c, config_t *cfg, const char *file, char *errstr,
+                                 size_t errstr_size) {
+    if (c->kafka_eventhubs_connection_string_file != NULL) {
+        int line = line_of(cfg, "kafka.eventhubs_connection_string_file");
+        if (c->kafka_eventhubs_connection_string != NULL) {
+            snprintf(errstr, errstr_size,
+                     "%s:%d: set either kafka.eventhubs_connection_string or "
+                     "kafka.eventhubs_connection_string_file, not both",
+                     file, line);
+            return -1;
+        }
+        c->kafka_eventhubs_connection_string =
+            read_secret_file(file, line, "kafka.eventhubs_connection_string_file",
+                             c->kafka_eventhubs_connection_string_file, errstr, errstr_size);
+        if (c->kafka_eventhubs_connection_string == NULL)
+            return -1;
+    }
+    const char *conn = c->kafka_eventhubs_connection_string;
+    if (conn != NULL) {
+        const char *key = c->kafka_eventhubs_connection_string_file
+                              ? "kafka.eventhubs_connection_string_file"
+                              : "kafka.eventhubs_connection_string";
+        int line = line_of(cfg, key);
+        char host[256];
+        if (eventhubs_endpoint_host(conn, host, sizeof(host)) != 0) {
+            snprintf(errstr, errstr_size,
+                     "%s:%d: %s: not an Event Hubs connection string: no "
+                     "Endpoint=sb://NAMESPACE.servicebus.windows.net/ part (the value is not shown)",
+                     file, line, key);
+            return -1;
+        }
+        for (const char *p = conn; *p != '\0'; p++) {
+            if (iscntrl((unsigned char)*p)) {
+                snprintf(errstr, errstr_size,
+                         "%s:%d: %s: the connection string must be one line without control "
+                         "characters (the value is not shown)",
+                         file, line, key);
+                return -1;
+            }
+        }
+        if (c->kafka_brokers == NULL) {
+            size_t n = strlen(host) + sizeof(":9093");
+            c->kafka_brokers = malloc(n);
+            if (c->kafka_brokers == NULL) {
+                snprintf(errstr, errstr_size, "%s: out of memory", file);
+                return -1;
+            }
+            /* Event Hubs' Kafka endpoint listens on 9093. */
+            snprintf(c->kafka_brokers, n, "%s%s", host, strchr(host, ':') ? "" : ":9093");
+        }
+    }
+    if (c->kafka_ssl_ca_file != NULL) {
+        FILE *f = fopen(c->kafka_ssl_ca_file, "r");
+        if (f == NULL) {
+            snprintf(errstr, errstr_size, "%s:%d: kafka.ssl_ca_file: cannot read '%s': %s", file,
+                     line_of(cfg, "kafka.ssl_ca_file"), c->kafka_ssl_ca_file, strerror(errno));
+            return -1;
+        }
+        fclose(f);
+    }
+    return 0;
+}
+
+ces_config_status_t ces_config_load(const char *path, ces_config_mode_t mode, ces_config_t **out,
+                                    char *errstr, size_t errstr_size) {
+    ces_config_status_t status = CES_CONFIG_ERROR;
+    config_t cfg;
+    config_init(&cfg);
+    ces_config_t *c = calloc(1, sizeof(*c));
+    *out = NULL;
+    if (c == NULL || (c->path = strdup(path)) == NULL) {
+        snprintf(errstr, errstr_size, "%s: out of memory", path);
+        goto done;
+    }
+    for (size_t i = 0; i < NKEYS; i++) {
+        if (keys[i].default_value != NULL && set_from_text(c, &keys[i], keys[i].default_value) != 0) {
+            snprintf(errstr, errstr_size, "%s: out of memory", path);
+            goto done;
+        }
+    }
+
+    if (config_read_file(&cfg, path) != CONFIG_TRUE) {
+        if (config_error_type(&cfg) == CONFIG_ERR_FILE_IO)
+            snprintf(errstr, errstr_size, "%s: cannot read the configuration file", path);
+        else
+            snprintf(errstr, errstr_size, "%s:%d: %s", config_error_file(&cfg) ? config_error_file(&cfg) : path,
+                     config_error_line(&cfg), config_error_text(&cfg));
+        goto done;
+    }
+
+    /* Walk what the file has, so that every unknown key is caught, then fill the table. */
+    config_setting_t *root = config_root_setting(&cfg);
+    for (int g = 0; g < config_setting_length(root); g++) {
+        config_setting_t *group = config_setting_get_elem(root, (unsigned)g);
+        const char *gname = config_setting_name(group);
+        int gline = config_setting_source_line(group);
+        if (!group_known(gname)) {
+            snprintf(errstr, errstr_size, "%s:%d: unknown key '%s'", path, gline, gname);
+            goto done;
+        }
+        if (config_setting_type(group) != CONFIG_TYPE_GROUP) {
+            snprintf(errstr, errstr_size, "%s:%d: '%s' must be a group: %s = { ... };", path, gline,
+                     gname, gname);
+            goto done;
+        }
+        for (int k = 0; k < config_setting_length(group); k++) {
+            config_setting_t *s = config_setting_get_elem(group, (unsigned)k);
+            char full[256];
+            snprintf(full, sizeof(full), "%s.%s", gname, config_setting_name(s));
+            const key_t_ *key = find_key(full);
+            if (key == NULL) {
+                snprintf(errstr, errstr_size, "%s:%d: unknown key '%s'", path,
+                         config_setting_source_line(s), full);
+                goto done;
+            }
+            if (set_from_setting(c, key, s, path, errstr, errstr_size) != 0)
+                goto done;
+        }
+    }
+    for (size_t i = 0; i < NKEYS; i++) {
+        bool required = mode == CES_CONFIG_DAEMON ? keys[i].required_for_daemon
+                                                  : keys[i].required_for_replay;
+        /* Event Hubs mode derives kafka.brokers from the connection string. */
+        bool brokers = strcmp(keys[i].name, "kafka.brokers") == 0;
+        if (brokers && (config_lookup(&cfg, "kafka.eventhubs_connection_string") != NULL ||
+                        config_lookup(&cfg, "kafka.eventhubs_connection_string_file") != NULL))
+            required = false;
+        if (required && config_lookup(&cfg, keys[i].name) == NULL) {
+            /* Point at the group that lacks the key, or at the top of the file. */
+            char group[64];
+            snprintf(group, sizeof(group), "%.*s", (int)strcspn(keys[i].name, "."), keys[i].name);
+            config_setting_t *g = config_lookup(&cfg, group);
+            snprintf(errstr, errstr_size, "%s:%d: missing required key '%s'%s", path,
+                     g ? config_setting_source_line(g) : 1, keys[i].name,
+                     brokers ? " (or kafka.eventhubs_connection_string, from which it is derived)"
+                             : "");
+            goto done;
+        }
+    }
+    if (settle_kafka_security(c, &cfg, path, errstr, errstr_size) != 0 ||
+        settle_group_instance_id(c, path, errstr, errstr_size) != 0 ||
+        settle_postgres_password(c, &cfg, path, errstr, errstr_size) != 0)
+        goto done;
+    if (mode == CES_CONFIG_DAEMON && c->kafka_topics.count == 0) {
+        config_setting_t *s = config_lookup(&cfg, "kafka.topics");
+        snprintf(errstr, errstr_size, "%s:%d: kafka.topics must name at least one topic", path,
+                 s ? config_setting_source_line(s) : 1);
+        goto done;
+    }
+    if (validate(c, &cfg, path, errstr, errstr_size) != 0)
+        goto done;
+
+    *out = c;
+    c = NULL;
+    status = CES_CONFIG_OK;
+done:
+    ces_config_destroy(c);
+    config_destroy(&cfg);
+    return status;
+}
+
+bool ces_config_is_secret_property(const char *name, size_t len) {
+    static const char *const words[] = {"password", "secret", "key", "token", "jaas"};
+    char lower[128];
+    if (len >= sizeof(lower))
+        len = sizeof(lower) - 1;
+    for (size_t i = 0; i < len; i++)
+        lower[i] = (char)((name[i] >= 'A' && name[i] <= 'Z') ? name[i] + 32 : name[i]);
+    lower[len] = '\0';
+    for (size_t i = 0; i < sizeof(words) / sizeof(words[0]); i++) {
+        if (strstr(lower, words[i]) != NULL)
+            return true;
+    }
+    return false;
+}
+
+void ces_config_print(const ces_config_t *c, FILE *out) {
+    for (size_t i = 0; i < NKEYS; i++) {
+        const void *field = (const char *)c + keys[i].offset;
+        fprintf(out, "%s = ", keys[i].name);
+        switch (keys[i].type) {
+        case KEY_STRING: {
+            const char *v = *(char *const *)field;
+            /* The connection string may carry a password: print its keys, never its values. */
+            if (v != NULL && strcmp(keys[i].name, "postgres.conninfo") == 0)
+                fprintf(out, "(set, %zu characters)\n", strlen(v));
+            else if (strcmp(keys[i].name, "kafka.eventhubs_connection_string") == 0)
+                /* A secret: not even its length. */
+                fprintf(out, "%s\n", v != NULL ? "(set)" : "\"\"");
+            else
+                fprintf(out, "\"%s\"\n", v ? v : "");
+            break;
+        }
+        case KEY_INT: fprintf(out, "%" PRId64 "\n", *(const int64_t *)field); break;
+        case KEY_BOOL: fprintf(out, "%s\n", *(const bool *)field ? "true" : "false"); break;
+        case KEY_STRING_LIST: {
+            const ces_strlist_t *l = field;
+            bool props = strcmp(keys[i].name, "kafka.properties") == 0;
+            fprintf(out, "[");
+            for (size_t j = 0; j < l->count; j++) {
+                const char *item = l->items[j];
+                size_t name_len = strcspn(item, "=");
+                /* librdkafka properties may carry credentials: show only their names. */
+                if (props && ces_config_is_secret_property(item, name_len))
+                    fprintf(out, "%s\"%.*s=(secret)\"", j ? ", " : " ", (int)name_len, item);
+                else
+                    fprintf(out, "%s\"%s\"", j ? ", " : " ", item);
+            }
+            fprintf(out, " ]\n");
+            break;
+        }
+        }
+    }
+}
+
+void ces_config_diff(const ces_config_t *a, const ces_config_t *b,
+                     void (*fn)(const char *key, bool reloadable, void *arg), void *arg) {
+    for (size_t i = 0; i < NKEYS; i++) {
+        const void *fa = (const char *)a + keys[i].offset, *fb = (const char *)b + keys[i].offset;
+        bool same = true;
+        switch (keys[i].type) {
+        case KEY_STRING: {
+            const char *x = *(char *const *)fa, *y = *(char *const *)fb;
+            same = (x == NULL && y == NULL) || (x != NULL && y != NULL && strcmp(x, y) == 0);
+            break;
+        }
+        case KEY_INT: same = *(const int64_t *)fa == *(const int64_t *)fb; break;
+        case KEY_BOOL: same = *(const bool *)fa == *(const bool *)fb; break;
+        case KEY_STRING_LIST: {
+            const ces_strlist_t *x = fa, *y = fb;
+            same = x->count == y->count;
+            for (size_t j = 0; same && j < x->count; j++)
+                same = strcmp(x->items[j], y->items[j]) == 0;
+            break;
+        }
+        }
+        if (!same)
+            fn(keys[i].name, keys[i].reloadable, arg);
+    }
+}
+
+size_t ces_config_key_count(void) {
+    return NKEYS;
+}
+
+bool ces_config_key_info(size_t index, ces_config_key_info_t *info) {
+    if (index >= NKEYS)
+        return false;
+    const key_t_ *k = &keys[index];
+    static const char *const type_names[] = {
+        [KEY_STRING] = "string",
+        [KEY_INT] = "integer",
+        [KEY_BOOL] = "boolean",
+        [KEY_STRING_LIST] = "list of strings",
+    };
+    *info = (ces_config_key_info_t){
+        .name = k->name,
+        .type = type_names[k->type],
+        .default_value = k->default_value,
+        .required_for_daemon = k->required_for_daemon,
+        .required_for_replay = k->required_for_replay,
+        .has_range = k->type == KEY_INT,
+        .min = k->min,
+        .max = k->max,
+        .reloadable = k->reloadable,
+    };
+    return true;
+}

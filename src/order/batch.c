@@ -1,0 +1,103 @@
+#include "order/batch.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+ces_item_t *ces_batch_add(ces_batch_t *batch) {
+    if (batch->count == batch->capacity) {
+        size_t cap = batch->capacity ? batch->capacity * 2 : 256;
+        ces_item_t *items = realloc(batch->items, cap * sizeof(*items));
+        if (items == NULL)
+            return NULL;
+        batch->items = items;
+        batch->capacity = cap;
+    }
+    ces_item_t *item = &batch->items[batch->count++];
+    memset(item, 0, sizeof(*item));
+    return item;
+}
+
+int ces_batch_push(ces_batch_t *batch, const ces_item_t *item) {
+    ces_item_t *dst = ces_batch_add(batch);
+    if (dst == NULL)
+        return -1;
+    *dst = *item;
+    dst->bytes = ces_item_bytes(item);
+    batch->bytes += dst->bytes;
+    return 0;
+}
+
+size_t ces_item_bytes(const ces_item_t *item) {
+    return item->bytes != 0 ? item->bytes : ces_arena_footprint(item->arena) + sizeof(*item);
+}
+
+int ces_batch_set_offset(ces_batch_t *batch, const ces_offset_update_t *update) {
+    for (size_t i = 0; i < batch->noffsets; i++) {
+        ces_offset_update_t *o = &batch->offsets[i];
+        if (o->partition == update->partition && strcmp(o->topic, update->topic) == 0) {
+            *o = *update;
+            return 0;
+        }
+    }
+    if (batch->noffsets == batch->offsets_capacity) {
+        size_t cap = batch->offsets_capacity ? batch->offsets_capacity * 2 : 16;
+        ces_offset_update_t *o = realloc(batch->offsets, cap * sizeof(*o));
+        if (o == NULL)
+            return -1;
+        batch->offsets = o;
+        batch->offsets_capacity = cap;
+    }
+    batch->offsets[batch->noffsets++] = *update;
+    return 0;
+}
+
+int ces_batch_add_gap(ces_batch_t *batch, const ces_source_gap_t *gap) {
+    if (batch->ngaps == batch->gaps_capacity) {
+        size_t cap = batch->gaps_capacity ? batch->gaps_capacity * 2 : 4;
+        ces_source_gap_t *gaps = realloc(batch->gaps, cap * sizeof(*gaps));
+        if (gaps == NULL)
+            return -1;
+        batch->gaps = gaps;
+        batch->gaps_capacity = cap;
+    }
+    batch->gaps[batch->ngaps++] = *gap;
+    return 0;
+}
+
+const char *ces_dl_class_name(ces_dl_class_t cls) {
+    static const char *const names[CES_DL_NCLASSES] = {
+        "decode",           "no_primary_key", "rejected_by_postgres", "segment_timeout",
+        "reassembly_limit", "type_conflict",  "schema"};
+    return (unsigned)cls < CES_DL_NCLASSES ? names[cls] : "unknown";
+}
+
+int ces_batch_item_reject(ces_item_t *item, ces_dl_class_t cls, const char *reason) {
+    const char *copy = ces_arena_strndup(item->arena, reason, strlen(reason));
+    if (copy == NULL)
+        return -1;
+    if (item->logicalid == NULL)
+        item->logicalid = item->event.logicalid;
+    item->kind = CES_ITEM_DEAD_LETTER;
+    item->dl_class = cls;
+    item->reason = copy;
+    return 0;
+}
+
+void ces_batch_clear(ces_batch_t *batch) {
+    for (size_t i = 0; i < batch->count; i++) {
+        if (i + CES_ITEM_AHEAD < batch->count)
+            ces_item_prefetch(batch->items[i + CES_ITEM_AHEAD].arena);
+        ces_arena_destroy(batch->items[i].arena);
+    }
+    batch->count = 0;
+    batch->bytes = 0;
+    batch->noffsets = 0;
+    batch->ngaps = 0;
+}
+
+void ces_batch_free(ces_batch_t *batch) {
+    free(batch->items);
+    free(batch->offsets);
+    free(batch->gaps);
+    memset(batch, 0, sizeof(*batch));
+}

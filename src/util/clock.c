@@ -1,0 +1,9 @@
+#include "util/clock.h"
+
+#include <time.h>
+
+int64_t ces_clock_now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
