@@ -163,6 +163,20 @@ void ces_map_each(ces_map_t *map, void (*fn)(void *value, void *arg), void *arg)
     }
 }
 
+void *ces_map_next(const ces_map_t *map, ces_map_iter_t *it, const char **key, size_t *len) {
+    while (it->next_slot < map->capacity) {
+        const slot_t *slot = &map->slots[it->next_slot++];
+        if (slot->key != NULL) {
+            if (key != NULL)
+                *key = slot->key;
+            if (len != NULL)
+                *len = slot->len;
+            return slot->value;
+        }
+    }
+    return NULL;
+}
+
 size_t ces_map_key(char *buf, size_t size, char sep, const char *const *parts, size_t n) {
     if (size == 0)
         return 0;

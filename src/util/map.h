@@ -30,6 +30,16 @@ void *ces_map_remove(ces_map_t *map, const char *key, size_t len);
 size_t ces_map_count(const ces_map_t *map);
 /* Calls fn on every value. */
 void ces_map_each(ces_map_t *map, void (*fn)(void *value, void *arg), void *arg);
+
+/* Where a walk over a map stands: start it zeroed (ces_map_iter_t it = {0}). */
+typedef struct {
+    size_t next_slot;
+} ces_map_iter_t;
+/* Returns the next value of the walk and steps past it, or NULL at the end (so values must not be
+ * NULL). The key, when key and len are given, is the map's own copy, valid until the entry goes.
+ * Every entry comes once; the map must not change during the walk (a remove shifts entries back
+ * into the hole it leaves, so a walk would miss or repeat one). */
+void *ces_map_next(const ces_map_t *map, ces_map_iter_t *it, const char **key, size_t *len);
 /* Removes every entry (fn, if given, is called on each value first). */
 void ces_map_clear(ces_map_t *map, void (*fn)(void *value, void *arg), void *arg);
 

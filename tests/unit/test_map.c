@@ -137,12 +137,46 @@ static void key_is_the_key_of_its_parts(void **state) {
     assert_true(ces_map_key_is(buf, cut, '|', (const char *[]){"0123456789", "abcd"}, 2));
 }
 
+/* A walk meets every entry once, with its key, whatever the map's size and however it grew. */
+static void next_walks_every_entry_once(void **state) {
+    ces_map_t *m = make(state);
+    ces_map_iter_t it = {0};
+    assert_null(ces_map_next(m, &it, NULL, NULL));
+    enum { N = 1000 };
+    static unsigned char seen[N + 1];
+    memset(seen, 0, sizeof(seen));
+    char key[32];
+    for (uintptr_t i = 1; i <= N; i++) {
+        int n = snprintf(key, sizeof(key), "p-%lu", (unsigned long)i);
+        assert_int_equal(ces_map_put(m, key, (size_t)n, (void *)i), 0);
+    }
+    it = (ces_map_iter_t){0};
+    size_t walked = 0;
+    const char *k;
+    size_t len;
+    for (void *v; (v = ces_map_next(m, &it, &k, &len)) != NULL; walked++) {
+        uintptr_t i = (uintptr_t)v;
+        assert_true(i >= 1 && i <= N);
+        assert_int_equal(seen[i], 0);
+        seen[i] = 1;
+        int n = snprintf(key, sizeof(key), "p-%lu", (unsigned long)i);
+        assert_int_equal(len, (size_t)n);
+        assert_memory_equal(k, key, len);
+    }
+    assert_int_equal(walked, N);
+    /* The end stays the end. */
+    assert_null(ces_map_next(m, &it, NULL, NULL));
+    ces_map_destroy(m);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_prestate(put_get_grow, &plain),
         cmocka_unit_test_prestate(put_get_grow, &scratch),
         cmocka_unit_test_prestate(remove_keeps_others_findable, &plain),
         cmocka_unit_test_prestate(remove_keeps_others_findable, &scratch),
+        cmocka_unit_test_prestate(next_walks_every_entry_once, &plain),
+        cmocka_unit_test_prestate(next_walks_every_entry_once, &scratch),
         cmocka_unit_test(scratch_map_is_refilled),
         cmocka_unit_test(key_joins_parts_and_is_cut_to_fit),
         cmocka_unit_test(key_is_the_key_of_its_parts),
