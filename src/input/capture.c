@@ -644,7 +644,7 @@ static ces_poll_status_t capture_poll(void *opaque, int timeout_ms, ces_record_t
     return CES_POLL_END;
 }
 
-static void capture_release(void *opaque, void *handle) {
+static void capture_give_back(void *opaque, void *handle) {
     (void)opaque;
     free(handle);
 }
@@ -662,7 +662,7 @@ static int capture_pause(void *opaque, const char *topic, int32_t partition, boo
 
 void ces_capture_feed(ces_capture_t *c, ces_feed_t *feed) {
     *feed = (ces_feed_t){.poll = capture_poll,
-                         .release = capture_release,
+                         .give_back = capture_give_back,
                          .pause = capture_pause,
                          .opaque = c};
 }

@@ -693,7 +693,7 @@ ces_poll_status_t ces_consumer_poll(ces_consumer_t *c, int timeout_ms, ces_recor
     return CES_POLL_RECORD;
 }
 
-void ces_consumer_release(void *handle) {
+void ces_consumer_give_back(void *handle) {
     if (handle != NULL)
         rd_kafka_message_destroy(handle);
 }
@@ -850,9 +850,9 @@ static ces_poll_status_t feed_poll(void *opaque, int timeout_ms, ces_record_t *r
     return ces_consumer_poll(opaque, timeout_ms, record, errstr, errstr_size);
 }
 
-static void feed_release(void *opaque, void *handle) {
+static void feed_give_back(void *opaque, void *handle) {
     (void)opaque;
-    ces_consumer_release(handle);
+    ces_consumer_give_back(handle);
 }
 
 static int feed_seek(void *opaque, const char *topic, int32_t partition, int64_t offset) {
@@ -892,7 +892,7 @@ static int feed_watermarks(void *opaque, const char *topic, int32_t partition, i
 void ces_consumer_feed(ces_consumer_t *c, ces_feed_t *feed) {
     *feed = (ces_feed_t){
         .poll = feed_poll,
-        .release = feed_release,
+        .give_back = feed_give_back,
         .seek = feed_seek,
         .pause = feed_pause,
         .high_watermark = feed_high_watermark,

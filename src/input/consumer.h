@@ -86,7 +86,7 @@ ces_poll_status_t ces_consumer_poll(ces_consumer_t *consumer, int timeout_ms, ce
                                     char *errstr, size_t errstr_size);
 
 /* Frees a record's message (handle). Accepts NULL. */
-void ces_consumer_release(void *handle);
+void ces_consumer_give_back(void *handle);
 
 /* Tells Kafka the next offset of a partition, after PostgreSQL committed it (monitoring only). */
 void ces_consumer_store_offset(ces_consumer_t *consumer, const char *topic, int32_t partition,

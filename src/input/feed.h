@@ -2,7 +2,7 @@
  * feed: where the pipeline's records come from.
  *
  * The daemon's feed is the Kafka consumer (consumer.c); replay's is a set of files (replay.c). The
- * pipeline reads records, releases them, and, when the feed is a Kafka consumer, moves its fetch
+ * pipeline reads records, gives them back, and, when the feed is a Kafka consumer, moves its fetch
  * positions, pauses partitions and stores positions for monitoring, only through this table, so
  * that it needs to know nothing of librdkafka (and unit tests can give it a feed of their own).
  */
@@ -13,14 +13,14 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* One record as the feed hands it over. value and handle stay the feed's until released. */
+/* One record as the feed hands it over. value and handle stay the feed's until given back. */
 typedef struct {
     const char *topic; /* reference: valid while the partition is assigned (Kafka), or the file */
     int32_t partition;
     int64_t offset;
     const void *value;
     size_t len;
-    void *handle; /* give back with feed->release once the record's bytes are copied */
+    void *handle; /* give back with feed->give_back once the record's bytes are copied */
 } ces_record_t;
 
 typedef enum {
@@ -43,7 +43,7 @@ typedef struct {
     ces_poll_status_t (*poll)(void *opaque, int timeout_ms, ces_record_t *record, char *errstr,
                               size_t errstr_size);
     /* Gives back a record's handle (never NULL when called). NULL when handles are always NULL. */
-    void (*release)(void *opaque, void *handle);
+    void (*give_back)(void *opaque, void *handle);
     /* The operations of a Kafka consumer; NULL for a feed that has no partitions to move. */
     /* Moves a partition's fetch position (records from offset on are read again). 0 or -1. */
     int (*seek)(void *opaque, const char *topic, int32_t partition, int64_t offset);

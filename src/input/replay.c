@@ -109,11 +109,11 @@ static ces_poll_status_t replay_poll(void *opaque, int timeout_ms, ces_record_t 
     }
 }
 
-static void replay_release(void *opaque, void *handle) {
+static void replay_give_back(void *opaque, void *handle) {
     (void)opaque;
     free(handle);
 }
 
 void ces_replay_feed(ces_replay_t *r, ces_feed_t *feed) {
-    *feed = (ces_feed_t){.poll = replay_poll, .release = replay_release, .opaque = r};
+    *feed = (ces_feed_t){.poll = replay_poll, .give_back = replay_give_back, .opaque = r};
 }

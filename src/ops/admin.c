@@ -273,7 +273,7 @@ static ces_poll_status_t retry_poll(void *opaque, int timeout_ms, ces_record_t *
     return CES_POLL_END;
 }
 
-static void retry_release(void *opaque, void *handle) {
+static void retry_give_back(void *opaque, void *handle) {
     (void)opaque;
     free(handle);
 }
@@ -284,7 +284,7 @@ const int64_t *ces_retry_feed_handed(const ces_retry_feed_t *r, size_t *n) {
 }
 
 void ces_retry_feed(ces_retry_feed_t *r, ces_feed_t *feed) {
-    *feed = (ces_feed_t){.poll = retry_poll, .release = retry_release, .opaque = r};
+    *feed = (ces_feed_t){.poll = retry_poll, .give_back = retry_give_back, .opaque = r};
 }
 
 /* ---------------------------------------------------------------------------------------------- */

@@ -23,7 +23,7 @@
 static void unstage(ces_pipeline_t *p, stage_t *stage, size_t from) {
     for (size_t i = from; i < stage->count; i++) {
         staged_t *s = &stage->items[i];
-        ces_intake_release(p, s->rec.handle);
+        ces_intake_give_back(p, s->rec.handle);
         ces_arena_destroy(s->arena);
         s->arena = NULL;
     }
@@ -343,7 +343,7 @@ static ces_pipeline_status_t take_record(ces_pipeline_t *p, staged_t *s, int64_t
         raw = ces_arena_strndup(arena, rec->value, rec->len);
     }
     s->nomem = s->nomem || raw == NULL;
-    ces_intake_release(p, rec->handle);
+    ces_intake_give_back(p, rec->handle);
     if (p->flying && (++p->adds & 15) == 0)
         ces_apply_progress(p->apply);
     if (s->nomem)

@@ -201,9 +201,9 @@ int ces_intake_expire(ces_pipeline_t *p, int64_t now_ms);
 int ces_intake_give_up_all(ces_pipeline_t *p, int64_t now_ms);
 
 /* Gives a record's handle back to the feed. */
-static inline void ces_intake_release(ces_pipeline_t *p, void *handle) {
-    if (handle != NULL && p->feed.release != NULL)
-        p->feed.release(p->feed.opaque, handle);
+static inline void ces_intake_give_back(ces_pipeline_t *p, void *handle) {
+    if (handle != NULL && p->feed.give_back != NULL)
+        p->feed.give_back(p->feed.opaque, handle);
 }
 
 /* ---- release.c: when held transactions go, and bounded memory ---- */

@@ -109,7 +109,7 @@ static void drain(ces_capture_t *c, char *out, size_t size) {
         if (st == CES_POLL_RECORD) {
             assert_string_equal(r.topic, "capture:ns/hub");
             snprintf(out + n, size - n, "%d:%lld ", (int)r.partition, (long long)r.offset);
-            feed.release(feed.opaque, r.handle);
+            feed.give_back(feed.opaque, r.handle);
         } else {
             assert_int_equal(st, CES_POLL_EOF);
             snprintf(out + n, size - n, "eof:%d ", (int)r.partition);
@@ -156,13 +156,13 @@ static void pauses(void **state) {
     ces_record_t r;
     assert_int_equal(feed.poll(feed.opaque, 0, &r, why, sizeof(why)), CES_POLL_RECORD);
     assert_int_equal(r.offset, 20);
-    feed.release(feed.opaque, r.handle);
+    feed.give_back(feed.opaque, r.handle);
     assert_int_equal(feed.pause(feed.opaque, "capture:ns/hub", 0, true), 0);
     assert_int_equal(feed.poll(feed.opaque, 0, &r, why, sizeof(why)), CES_POLL_IDLE);
     assert_int_equal(feed.pause(feed.opaque, "capture:ns/hub", 0, false), 0);
     assert_int_equal(feed.poll(feed.opaque, 0, &r, why, sizeof(why)), CES_POLL_RECORD);
     assert_int_equal(r.offset, 21);
-    feed.release(feed.opaque, r.handle);
+    feed.give_back(feed.opaque, r.handle);
     assert_int_equal(feed.pause(feed.opaque, "capture:ns/hub", 7, true), -1);
     ces_capture_destroy(c); /* with a file still open */
 }
