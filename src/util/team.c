@@ -221,9 +221,8 @@ void ces_team_finish(ces_team_t *t, ces_team_fn fn, void *job, void *caller, siz
         atomic_fetch_add(&j->done, 1);
     }
     /* What is left is an item a helper is in the middle of: a few microseconds, less than
-     * sleeping and being woken takes, and sleeping left this core idle (perf sched on bench/run
-     * insert with two threads: most of the loop's sleeps). A helper the scheduler took off the
-     * CPU takes longer: then this thread sleeps after all. */
+     * sleeping and being woken takes, and sleeping would leave this core idle (bench/NOTES.md). A
+     * helper the scheduler took off the CPU takes longer: then this thread sleeps after all. */
     for (unsigned spin = 0; spin < FINISH_SPINS && atomic_load(&j->done) != n; spin++)
         cpu_relax();
     pthread_mutex_lock(&t->lock);
