@@ -3,10 +3,8 @@
 #include <stdint.h>
 #include <stdlib.h>
 
-void *ces_array_reserve(void *items, size_t *capacity, size_t need, size_t size, size_t first) {
-    if (need <= *capacity && items != NULL)
-        return items;
-    size_t cap = *capacity > 0 ? *capacity : (first > 0 ? first : 1);
+void *ces_array_grow(void *items, size_t *capacity, size_t need, size_t size, size_t first) {
+    size_t cap = *capacity > 0 && items != NULL ? *capacity : (first > 0 ? first : 1);
     while (cap < need) {
         if (cap > SIZE_MAX / 2)
             return NULL;

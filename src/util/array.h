@@ -17,7 +17,18 @@
  * it. Returns NULL when memory runs out or the size overflows; then items is unchanged, still the
  * caller's, and so is *capacity. Elements past the old capacity are uninitialised.
  */
-void *ces_array_reserve(void *items, size_t *capacity, size_t need, size_t size, size_t first);
+static inline void *ces_array_reserve(void *items, size_t *capacity, size_t need, size_t size,
+                                      size_t first);
+/* The reallocation behind ces_array_reserve, out of line: the check for room stays in the caller's
+ * hot loop. */
+void *ces_array_grow(void *items, size_t *capacity, size_t need, size_t size, size_t first);
+
+static inline void *ces_array_reserve(void *items, size_t *capacity, size_t need, size_t size,
+                                      size_t first) {
+    if (need <= *capacity && items != NULL)
+        return items;
+    return ces_array_grow(items, capacity, need, size, first);
+}
 
 /* ces_array_reserve for a typed array: CES_ARRAY_RESERVE(t->cols, t->cols_capacity, n + 1, 8). */
 #define CES_ARRAY_RESERVE(items, capacity, need, first)                                          \

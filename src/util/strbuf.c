@@ -1,5 +1,7 @@
 #include "util/strbuf.h"
 
+#include "util/array.h"
+
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -12,18 +14,12 @@ void ces_strbuf_add(ces_strbuf_t *sb, const char *s) {
     size_t n = strlen(s);
     if (sb->failed)
         return;
-    if (sb->len + n + 1 > sb->cap) {
-        size_t cap = sb->cap ? sb->cap : STRBUF_FIRST_CAPACITY;
-        while (cap < sb->len + n + 1)
-            cap *= 2;
-        char *b = realloc(sb->buf, cap);
-        if (b == NULL) {
-            sb->failed = true;
-            return;
-        }
-        sb->buf = b;
-        sb->cap = cap;
+    char *b = CES_ARRAY_RESERVE(sb->buf, sb->cap, sb->len + n + 1, STRBUF_FIRST_CAPACITY);
+    if (b == NULL) {
+        sb->failed = true;
+        return;
     }
+    sb->buf = b;
     memcpy(sb->buf + sb->len, s, n + 1);
     sb->len += n;
 }
