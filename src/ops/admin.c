@@ -10,6 +10,7 @@
 #include "format/json.h"
 #include "util/log.h"
 #include "format/types.h"
+#include "util/array.h"
 
 /* ---------------------------------------------------------------------------------------------- */
 /* JSON output                                                                                    */
@@ -306,10 +307,10 @@ typedef struct {
     int64_t window_ms;
     double since_update_s;
     ces_dead_letter_count_t *dls; /* strings owned (copied) */
-    size_t ndls;
+    size_t ndls, dls_cap;
     int64_t dead_letters;
     ces_gap_row_t *gaps; /* strings owned (copied) */
-    size_t ngaps;
+    size_t ngaps, gaps_cap;
     bool nomem;
 } status_t;
 
@@ -325,16 +326,12 @@ static char *dup_or_null(status_t *s, const char *text) {
 static void status_partition(void *arg, const char *topic, int32_t partition, int64_t low,
                              int64_t high) {
     status_t *s = arg;
-    if (s->nparts == s->cap) {
-        size_t cap = s->cap ? s->cap * 2 : 16;
-        part_status_t *bigger = realloc(s->parts, cap * sizeof(*bigger));
-        if (bigger == NULL) {
-            s->nomem = true;
-            return;
-        }
-        s->parts = bigger;
-        s->cap = cap;
+    part_status_t *parts = CES_ARRAY_RESERVE(s->parts, s->cap, s->nparts + 1, 16);
+    if (parts == NULL) {
+        s->nomem = true;
+        return;
     }
+    s->parts = parts;
     s->parts[s->nparts++] = (part_status_t){dup_or_null(s, topic), partition, low, high, -1, NULL};
 }
 
@@ -360,12 +357,12 @@ static void status_progress(void *arg, const ces_progress_row_t *row) {
 
 static void status_dead_letters(void *arg, const ces_dead_letter_count_t *row) {
     status_t *s = arg;
-    ces_dead_letter_count_t *bigger = realloc(s->dls, (s->ndls + 1) * sizeof(*bigger));
-    if (bigger == NULL) {
+    ces_dead_letter_count_t *dls = CES_ARRAY_RESERVE(s->dls, s->dls_cap, s->ndls + 1, 8);
+    if (dls == NULL) {
         s->nomem = true;
         return;
     }
-    s->dls = bigger;
+    s->dls = dls;
     s->dls[s->ndls++] = (ces_dead_letter_count_t){dup_or_null(s, row->class), row->count,
                                                   dup_or_null(s, row->newest)};
     s->dead_letters += row->count;
@@ -373,12 +370,12 @@ static void status_dead_letters(void *arg, const ces_dead_letter_count_t *row) {
 
 static void status_gap(void *arg, const ces_gap_row_t *row) {
     status_t *s = arg;
-    ces_gap_row_t *bigger = realloc(s->gaps, (s->ngaps + 1) * sizeof(*bigger));
-    if (bigger == NULL) {
+    ces_gap_row_t *gaps = CES_ARRAY_RESERVE(s->gaps, s->gaps_cap, s->ngaps + 1, 8);
+    if (gaps == NULL) {
         s->nomem = true;
         return;
     }
-    s->gaps = bigger;
+    s->gaps = gaps;
     ces_gap_row_t g = *row;
     g.recorded_at = dup_or_null(s, row->recorded_at);
     g.topic = dup_or_null(s, row->topic);

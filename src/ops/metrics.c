@@ -8,6 +8,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "util/array.h"
 #include "util/map.h"
 
 #ifndef CES2PG_VERSION
@@ -23,8 +24,8 @@ static const double batch_buckets[] = {0.001, 0.005, 0.01, 0.025, 0.05, 0.1,
 static const char *const op_names[4] = {"unknown", "insert", "update", "delete"};
 
 /* A batch's events name a few tables over and over: the last ones found are compared with the
- * event's names first, which costs less than making the key and hashing it (that was 1.2% of the
- * CPU on bench/run's mixed, a strlen and a hash per applied event). */
+ * event's names first, which costs less than making the key and hashing it (a strlen and a hash
+ * per applied event; bench/NOTES.md). */
 #define RECENT_TABLES 8
 
 typedef struct {
@@ -138,14 +139,10 @@ static table_counts_t *table_named(ces_metrics_t *m, const ces_event_t *ev) {
         return t;
     if (m->ntables >= CES_METRICS_MAX_TABLES)
         goto other;
-    if (m->ntables == m->tables_cap) {
-        size_t cap = m->tables_cap ? m->tables_cap * 2 : 16;
-        table_counts_t **bigger = realloc(m->tables, cap * sizeof(*bigger));
-        if (bigger == NULL)
-            goto other;
-        m->tables = bigger;
-        m->tables_cap = cap;
-    }
+    table_counts_t **tables = CES_ARRAY_RESERVE(m->tables, m->tables_cap, m->ntables + 1, 16);
+    if (tables == NULL)
+        goto other;
+    m->tables = tables;
     t = calloc(1, sizeof(*t));
     if (t == NULL || (t->name = strndup(name, len)) == NULL ||
         ces_map_put(m->by_name, name, len, t) != 0) {
@@ -202,14 +199,10 @@ static void count_late(ces_metrics_t *m, const ces_item_t *item) {
     if (i == m->ntorn && m->ntorn == CES_METRICS_MAX_TORN_PARTITIONS)
         i = m->ntorn - 1; /* beyond the cap: in the last entry */
     if (i == m->ntorn) {
-        if (m->ntorn == m->torn_cap) {
-            size_t cap = m->torn_cap ? m->torn_cap * 2 : 8;
-            torn_counts_t *bigger = realloc(m->torn, cap * sizeof(*bigger));
-            if (bigger == NULL)
-                return; /* a count less: not worth failing for */
-            m->torn = bigger;
-            m->torn_cap = cap;
-        }
+        torn_counts_t *torn = CES_ARRAY_RESERVE(m->torn, m->torn_cap, m->ntorn + 1, 8);
+        if (torn == NULL)
+            return; /* a count less: not worth failing for */
+        m->torn = torn;
         char *topic = strdup(src->topic);
         if (topic == NULL)
             return;

@@ -120,6 +120,49 @@ static void counts_late_events_and_torn_transactions(void **state) {
     ces_metrics_destroy(m);
 }
 
+/* Torn transactions of more partitions than the first allocation holds: each keeps its own count
+ * as the array grows, in the order of first sight. */
+static void counts_torn_transactions_of_many_partitions(void **state) {
+    (void)state;
+    ces_metrics_t *m = ces_metrics_new();
+    assert_non_null(m);
+    enum { NPARTS = 37 };
+    ces_batch_t batch = {0};
+    for (int round = 0; round < 2; round++) {
+        for (int32_t p = 0; p < NPARTS; p++) {
+            if (round == 1 && p % 3 != 0)
+                continue;
+            ces_item_t *item = ces_batch_add(&batch);
+            assert_non_null(item);
+            item->kind = CES_ITEM_EVENT;
+            item->event.op = CES_OP_INSERT;
+            item->event.schema = "dbo";
+            item->event.table = "t";
+            item->source = (ces_source_t){"ces", NPARTS - 1 - p, (int64_t)round};
+            item->late = item->torn = true;
+        }
+    }
+    ces_metrics_add_batch(m, &batch, 0.01);
+    char *page;
+    size_t len;
+    assert_int_equal(ces_metrics_render(m, &page, &len), 0);
+    const char *previous = page;
+    for (int32_t p = 0; p < NPARTS; p++) {
+        char line[128];
+        snprintf(line, sizeof(line),
+                 "ces2pg_transactions_torn_total{topic=\"ces\",partition=\"%d\"} %d\n",
+                 (int)(NPARTS - 1 - p), p % 3 == 0 ? 2 : 1);
+        const char *at = strstr(page, line);
+        if (at == NULL || at < previous)
+            fail_msg("missing or out of order: %s", line);
+        previous = at;
+    }
+    free(page);
+    free(batch.items);
+    free(batch.offsets);
+    ces_metrics_destroy(m);
+}
+
 /* Tables beyond the cap count as "other"; label values are escaped. */
 static void renders_bounded_labels(void **state) {
     (void)state;
@@ -274,6 +317,7 @@ int main(void) {
         cmocka_unit_test(parses_envelope_times),
         cmocka_unit_test(counts_dead_letters_by_class),
         cmocka_unit_test(counts_late_events_and_torn_transactions),
+        cmocka_unit_test(counts_torn_transactions_of_many_partitions),
         cmocka_unit_test(renders_bounded_labels),
         cmocka_unit_test(counts_each_of_many_interleaved_tables),
         cmocka_unit_test(expands_environment_and_reads_secrets),

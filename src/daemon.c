@@ -1,0 +1,413 @@
+/*
+ * daemon: the stages built from the configuration, and the loop's hooks (daemon.h).
+ */
+#include "daemon.h"
+
+#include <sched.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "input/consumer.h"
+#include "ops/http.h"
+#include "ops/metrics.h"
+#include "ops/notify.h"
+#include "util/array.h"
+#include "util/clock.h"
+#include "util/log.h"
+
+#ifndef CES2PG_VERSION
+#define CES2PG_VERSION "0.0.0"
+#endif
+
+/* How often the loop's hook copies the gauges for /metrics (never per event). */
+#define METRICS_PUBLISH_MS 100
+
+void ces_daemon_decode_limits(const ces_config_t *c, ces_decode_limits_t *l) {
+    if (ces_decode_format_parse(c->kafka_format, &l->format) != 0) /* validated by config.c */
+        l->format = CES_FORMAT_AUTO;
+    l->max_record_bytes = (size_t)c->decode_max_record_bytes;
+    l->max_event_bytes = (size_t)c->decode_max_event_bytes;
+    l->max_depth = (size_t)c->decode_max_depth;
+    l->max_columns = (size_t)c->decode_max_columns;
+    l->max_value_bytes = (size_t)c->decode_max_value_bytes;
+}
+
+/* decode.threads = 0: one per two CPUs the process may run on (its affinity, which a container's
+ * cpuset sets), at least 1 and at most 4. The other half is left to librdkafka's threads and to
+ * the PostgreSQL beside ces2pg: on two CPUs shared with both, a second decoding thread costs more
+ * CPU than it saves (bench/NOTES.md). */
+static size_t decode_threads(const ces_config_t *c) {
+    if (c->decode_threads > 0)
+        return (size_t)c->decode_threads;
+    cpu_set_t set;
+    int cpus = sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : 1;
+    int threads = cpus / 2;
+    return threads < 1 ? 1 : threads > 4 ? 4 : (size_t)threads;
+}
+
+void ces_daemon_pipeline_options(const ces_config_t *c, bool store_offsets,
+                                 ces_pipeline_options_t *o) {
+    memset(o, 0, sizeof(*o));
+    o->decode_threads = decode_threads(c);
+    o->poll_ms = (int)c->kafka_poll_ms;
+    o->stop_on_source_gap = strcmp(c->kafka_on_source_gap, "continue") != 0;
+    o->batch_max_events = (size_t)c->apply_batch_max_events;
+    o->batch_max_bytes = (size_t)c->apply_batch_max_bytes;
+    o->batch_max_ms = c->apply_batch_max_ms;
+    o->store_offsets = store_offsets;
+    o->reasm.max_bytes = (size_t)c->reassembly_max_bytes;
+    o->reasm.max_segments = (size_t)c->reassembly_max_segments;
+    o->reasm.timeout_ms = c->reassembly_timeout_ms;
+    o->ordering = strcmp(c->apply_ordering, "partition") == 0 ? CES_ORDER_BY_PARTITION
+                                                              : CES_ORDER_BY_TRANSACTION;
+    o->reorder_window_ms = c->apply_reorder_window_ms;
+    o->reorder_window_max_ms = c->apply_reorder_window_max_ms;
+    o->reorder_window_adaptive = c->apply_reorder_window_adaptive;
+    o->dedup_window = (size_t)c->apply_dedup_window;
+    o->max_pending_events = (size_t)c->apply_max_pending_events;
+    o->max_pending_bytes = (size_t)c->apply_max_pending_bytes;
+    o->include = (const char *const *)c->schema_include.items;
+    o->ninclude = c->schema_include.count;
+    o->exclude = (const char *const *)c->schema_exclude.items;
+    o->nexclude = c->schema_exclude.count;
+}
+
+/* An apply stage whose heartbeat (may be NULL) hears of the connection and of backoff waits. */
+static ces_apply_t *make_apply(const ces_config_t *c, volatile sig_atomic_t *stop_now,
+                               void (*heartbeat)(void *, bool), void *opaque) {
+    ces_apply_options_t o = {
+        .conninfo = c->pg_conninfo,
+        .metadata_schema = c->schema_metadata,
+        .group_id = c->kafka_group_id,
+        .auto_create = c->schema_auto_create,
+        .auto_evolve = c->schema_auto_evolve,
+        .retry_max_ms = c->pg_retry_max_ms,
+        .target = c->schema_target,
+        .preserve_case = strcmp(c->schema_identifier_case, "preserve") == 0,
+        .lsn_guard = c->apply_lsn_guard,
+        .version_column = c->apply_version_column,
+        .tombstone_retention_s = c->apply_tombstone_retention_s,
+        .stop_now = stop_now,
+        .password = c->pg_password,
+        .heartbeat = heartbeat,
+        .heartbeat_opaque = opaque,
+    };
+    return ces_apply_new(&o);
+}
+
+ces_apply_t *ces_daemon_apply_new(const ces_config_t *config, volatile sig_atomic_t *stop_now) {
+    return make_apply(config, stop_now, NULL, NULL);
+}
+
+/* What the daemon's hooks and its loop share. Main thread only; metrics is shared with the HTTP
+ * thread through its own lock and atomics. */
+typedef struct {
+    const char *path;     /* the configuration file */
+    ces_config_t *config; /* as loaded at start: what the stages were made from */
+    ces_config_t *current; /* the latest valid file (config itself until a reload changes it) */
+    ces_metrics_t *metrics;
+    ces_pipeline_t *pipeline;
+    ces_apply_t *apply;
+    ces_consumer_t *consumer;
+    const ces_daemon_signals_t *signals; /* reference: main.c's flags */
+    int64_t watchdog_ms; /* systemd's WatchdogSec / 2, or 0 */
+    int64_t last_watchdog_ms;
+    int64_t last_publish_ms;
+    bool ready; /* READY=1 was sent */
+    bool stopping; /* STOPPING=1 was sent */
+    ces_pipeline_stats_t progress_base; /* the counters at the last progress line */
+    int64_t last_progress_ms;
+    /* Settings a SIGHUP may change. */
+    int64_t progress_ms; /* 0: no progress line */
+    char *http_listen;   /* owned; "" when off */
+    ces_http_t *http;
+} daemon_t;
+
+static void ping_watchdog(daemon_t *d, int64_t now) {
+    if (d->watchdog_ms > 0 && now - d->last_watchdog_ms >= d->watchdog_ms) {
+        ces_notify("WATCHDOG=1");
+        d->last_watchdog_ms = now;
+    }
+}
+
+/* apply's hook: the connection opened or closed, or a retry is waiting. */
+static void on_apply_heartbeat(void *opaque, bool connected) {
+    daemon_t *d = opaque;
+    int64_t now = ces_clock_now_ms();
+    ces_metrics_heartbeat(d->metrics, now);
+    ces_metrics_set_connected(d->metrics, connected);
+    ping_watchdog(d, now);
+}
+
+/* The pipeline's hook: once per batch PostgreSQL accepted. */
+static void on_batch_applied(void *opaque, const ces_batch_t *batch, double seconds) {
+    ces_metrics_add_batch(((daemon_t *)opaque)->metrics, batch, seconds);
+}
+
+typedef struct {
+    ces_consumer_t *consumer;
+    ces_metrics_partition_t *parts;
+    size_t n, cap;
+} partitions_t;
+
+static void collect_partition(void *arg, const char *topic, int32_t partition, int64_t position) {
+    partitions_t *ps = arg;
+    ces_metrics_partition_t *parts = CES_ARRAY_RESERVE(ps->parts, ps->cap, ps->n + 1, 16);
+    if (parts == NULL)
+        return; /* a gauge less: not worth failing for */
+    ps->parts = parts;
+    ces_metrics_partition_t *p = &ps->parts[ps->n++];
+    p->topic = topic;
+    p->partition = partition;
+    p->position = position;
+    if (ps->consumer == NULL || ces_consumer_high_watermark(ps->consumer, topic, partition,
+                                                            &p->high) != 0)
+        p->high = -1;
+}
+
+/* Copies the pipeline's counters and the partitions' lag for /metrics. */
+static void publish_metrics(daemon_t *d, ces_pipeline_t *pipeline, ces_consumer_t *consumer) {
+    ces_pipeline_stats_t stats;
+    ces_pipeline_get_stats(pipeline, &stats);
+    partitions_t ps = {.consumer = consumer};
+    ces_pipeline_each_partition(pipeline, collect_partition, &ps);
+    ces_metrics_set_stats(d->metrics, &stats, ps.parts, ps.n);
+    if (consumer != NULL)
+        ces_metrics_set_fetch_wakeups(d->metrics, ces_consumer_fetch_wakeups(consumer));
+    free(ps.parts);
+}
+
+/* The progress line: logged while records arrive or changes are applied (a change applied after
+ * the last record arrived is reported too), and systemd's STATUS= always. */
+static void report_progress(daemon_t *d, const ces_pipeline_stats_t *now,
+                            const ces_pipeline_stats_t *before, int64_t elapsed_ms) {
+    double secs = elapsed_ms > 0 ? (double)elapsed_ms / 1000.0 : 1.0;
+    ces_metrics_summary_t sum;
+    ces_metrics_summary(d->metrics, &sum);
+    char delay[32];
+    if (sum.delay_seconds >= 0)
+        snprintf(delay, sizeof(delay), "%.1f s", sum.delay_seconds);
+    else
+        snprintf(delay, sizeof(delay), "unknown");
+    char line[512];
+    snprintf(line, sizeof(line),
+             "%.0f events/s, %.0f records/s, lag %lld records, delay %s, %llu events applied, "
+             "%llu dead letters, %llu duplicates skipped, %zu events waiting for their "
+             "transaction, %llu retries",
+             (double)(now->events_applied - before->events_applied) / secs,
+             (double)(now->records - before->records) / secs, (long long)sum.lag, delay,
+             (unsigned long long)now->events_applied, (unsigned long long)now->dead_letters,
+             (unsigned long long)now->duplicates, now->pending_events,
+             (unsigned long long)now->retries);
+    if (now->records != before->records || now->events_applied != before->events_applied ||
+        now->dead_letters != before->dead_letters)
+        ces_log_info("progress: %s", line);
+    ces_notify_status("%s", line);
+}
+
+/* Starts, stops or moves the HTTP server to listen ("" for none). Returns 0, or -1 with the old
+ * server kept. */
+static int set_http(daemon_t *d, const char *listen) {
+    if (d->http_listen != NULL && strcmp(d->http_listen, listen) == 0)
+        return 0;
+    char *copy = strdup(listen);
+    if (copy == NULL) {
+        ces_log_error("out of memory");
+        return -1;
+    }
+    /* The same port may be asked for again on another address: free it first. */
+    ces_http_stop(d->http);
+    d->http = NULL;
+    char err[512];
+    ces_http_t *h = NULL;
+    if (listen[0] != '\0' && (h = ces_http_start(listen, d->metrics, err, sizeof(err))) == NULL) {
+        ces_log_error("%s", err);
+        free(copy);
+        if (d->http_listen != NULL && d->http_listen[0] != '\0')
+            d->http = ces_http_start(d->http_listen, d->metrics, err, sizeof(err));
+        return -1;
+    }
+    if (listen[0] == '\0' && d->http_listen != NULL && d->http_listen[0] != '\0')
+        ces_log_info("HTTP server stopped (http.listen is empty)");
+    d->http = h;
+    free(d->http_listen);
+    d->http_listen = copy;
+    return 0;
+}
+
+static void log_changed_key(const char *key, bool reloadable, void *arg) {
+    (void)arg;
+    if (reloadable)
+        ces_log_info("reload: %s changed", key);
+    else
+        ces_log_warning("reload: %s changed, but takes effect only after a restart", key);
+}
+
+/* SIGHUP: reads the file again and applies what may change while running (the keys marked RELOAD
+ * in config.c). An invalid file changes nothing. Returns the configuration now current. */
+static ces_config_t *reload(daemon_t *d, const char *path, ces_config_t *current) {
+    ces_notify("RELOADING=1");
+    ces_log_info("SIGHUP: reloading %s", path);
+    ces_config_t *next = NULL;
+    char err[1024];
+    if (ces_config_load(path, CES_CONFIG_DAEMON, &next, err, sizeof(err)) != CES_CONFIG_OK) {
+        ces_log_error("reload failed, the running configuration stays: %s", err);
+        ces_notify("READY=1");
+        return current;
+    }
+    ces_config_diff(current, next, log_changed_key, NULL);
+    ces_log_level_t level;
+    if (ces_log_level_parse(next->log_level, &level) == 0)
+        ces_log_set_level(level);
+    ces_log_format_t format;
+    if (ces_log_format_parse(next->log_format, &format) == 0)
+        ces_log_set_format(format);
+    d->progress_ms = next->log_progress_interval * 1000;
+    set_http(d, next->http_listen);
+    ces_log_info("configuration reloaded (log level %s)", next->log_level);
+    ces_notify("READY=1");
+    return next;
+}
+
+/* The loop's hook, at every turn: liveness, reload, /metrics, readiness, the progress line. */
+static void on_turn(void *opaque, int64_t now, bool waiting) {
+    daemon_t *d = opaque;
+    ces_metrics_heartbeat(d->metrics, now);
+    ping_watchdog(d, now);
+    if (*d->signals->reload) {
+        *d->signals->reload = 0;
+        ces_config_t *next = reload(d, d->path, d->current);
+        if (next != d->current && d->current != d->config)
+            ces_config_destroy(d->current);
+        d->current = next;
+    }
+    /* A turn that is about to wait for PostgreSQL shows what was read before it. */
+    if (waiting || now - d->last_publish_ms >= METRICS_PUBLISH_MS) {
+        ces_metrics_set_assigned(d->metrics, ces_consumer_assigned_count(d->consumer));
+        publish_metrics(d, d->pipeline, d->consumer);
+        d->last_publish_ms = now;
+        if (!d->ready && ces_apply_connected(d->apply) && ces_consumer_joined(d->consumer)) {
+            d->ready = true;
+            ces_notify("READY=1");
+            ces_notify_status("running");
+            ces_log_info("ready: PostgreSQL connected, consumer group joined");
+        }
+    }
+    if (d->progress_ms > 0 && now - d->last_progress_ms >= d->progress_ms) {
+        publish_metrics(d, d->pipeline, d->consumer);
+        ces_pipeline_stats_t stats;
+        ces_pipeline_get_stats(d->pipeline, &stats);
+        report_progress(d, &stats, &d->progress_base, now - d->last_progress_ms);
+        d->progress_base = stats;
+        d->last_progress_ms = now;
+    }
+}
+
+static void on_stopping(void *opaque) {
+    daemon_t *d = opaque;
+    d->stopping = true;
+    ces_notify("STOPPING=1");
+    ces_log_info("stopping: applying what is complete, then leaving the consumer group");
+}
+
+/* Connects to PostgreSQL, joins the consumer group and runs the loop. */
+static ces_daemon_status_t serve(daemon_t *d) {
+    char err[1024];
+    ces_notify_status("connecting to PostgreSQL");
+    ces_apply_status_t ast = ces_apply_start(d->apply, err, sizeof(err));
+    if (ast != CES_APPLY_OK) {
+        if (ast == CES_APPLY_INTERRUPTED)
+            return CES_DAEMON_OK;
+        ces_log_error("%s", err);
+        return CES_DAEMON_FAILED;
+    }
+    ces_consumer_callbacks_t callbacks = {
+        .assigned = ces_pipeline_on_assigned,
+        .revoked = ces_pipeline_on_revoked,
+        .opaque = d->pipeline,
+    };
+    ces_consumer_status_t cst =
+        ces_consumer_new(d->config, &callbacks, &d->consumer, err, sizeof(err));
+    if (cst != CES_CONSUMER_OK) {
+        ces_log_error("%s", err);
+        return cst == CES_CONSUMER_CONFIG ? CES_DAEMON_CONFIG : CES_DAEMON_FAILED;
+    }
+    ces_feed_t feed;
+    ces_consumer_feed(d->consumer, &feed);
+    ces_pipeline_set_feed(d->pipeline, &feed);
+    ces_notify_status("joining the consumer group");
+    d->last_progress_ms = ces_clock_now_ms();
+    ces_pipeline_get_stats(d->pipeline, &d->progress_base);
+    ces_pipeline_hooks_t hooks = {.on_turn = on_turn, .on_stopping = on_stopping, .opaque = d};
+    ces_pipeline_status_t st =
+        ces_pipeline_run(d->pipeline, &hooks, d->signals->stop, err, sizeof(err));
+    if (!d->stopping)
+        ces_notify("STOPPING=1");
+    switch (st) {
+    case CES_PIPELINE_INTERRUPTED:
+        ces_log_warning("the last batch was rolled back; it will be read again after restart");
+        return CES_DAEMON_OK;
+    case CES_PIPELINE_FATAL:
+        ces_log_error("%s", err);
+        return CES_DAEMON_FAILED;
+    case CES_PIPELINE_SOURCE_GAP:
+        ces_log_error("%s", err);
+        return CES_DAEMON_SOURCE_GAP;
+    default:
+        return CES_DAEMON_OK;
+    }
+}
+
+ces_daemon_status_t ces_daemon_run(const char *path, ces_config_t *config,
+                                   const ces_daemon_signals_t *signals) {
+    ces_daemon_status_t rc = CES_DAEMON_FAILED;
+    daemon_t d = {.path = path,
+                  .config = config,
+                  .current = config,
+                  .signals = signals,
+                  .progress_ms = config->log_progress_interval * 1000,
+                  .watchdog_ms = ces_notify_watchdog_interval_ms()};
+    ces_decode_limits_t limits;
+    ces_daemon_decode_limits(config, &limits);
+    ces_pipeline_options_t popts;
+    ces_daemon_pipeline_options(config, true, &popts);
+    popts.on_applied = on_batch_applied;
+    popts.on_applied_opaque = &d;
+    d.metrics = ces_metrics_new();
+    ces_decoder_t *decoder = ces_decoder_new(&limits);
+    d.apply = make_apply(config, signals->stop, on_apply_heartbeat, &d);
+    if (d.metrics == NULL || decoder == NULL || d.apply == NULL ||
+        (d.pipeline = ces_pipeline_new(&popts, decoder, d.apply)) == NULL) {
+        ces_log_error("out of memory");
+        goto done;
+    }
+    ces_log_info("ces2pg %s starting with %s", CES2PG_VERSION, path);
+    ces_log_info("decoding records on %zu thread(s) (decode.threads = %lld)", popts.decode_threads,
+                 (long long)config->decode_threads);
+    ces_metrics_heartbeat(d.metrics, ces_clock_now_ms());
+    if (set_http(&d, config->http_listen) != 0)
+        goto done;
+    rc = serve(&d);
+done:
+    if (d.pipeline != NULL) {
+        /* Leaving the group revokes the assignment: the pipeline commits what is complete. */
+        ces_consumer_destroy(d.consumer);
+        ces_pipeline_stats_t stats;
+        ces_pipeline_get_stats(d.pipeline, &stats);
+        ces_log_info("stopped: %llu records, %llu events applied, %llu dead letters, %llu "
+                     "duplicates skipped, %llu events of excluded tables skipped",
+                     (unsigned long long)stats.records, (unsigned long long)stats.events_applied,
+                     (unsigned long long)stats.dead_letters, (unsigned long long)stats.duplicates,
+                     (unsigned long long)stats.excluded);
+    }
+    ces_http_stop(d.http);
+    free(d.http_listen);
+    ces_pipeline_destroy(d.pipeline);
+    ces_apply_destroy(d.apply);
+    ces_decoder_destroy(decoder);
+    ces_metrics_destroy(d.metrics);
+    if (d.current != config)
+        ces_config_destroy(d.current);
+    return rc;
+}
