@@ -26,7 +26,7 @@ typedef enum {
     CES_DL_DECODE,               /* the record (or the joined segments) could not be decoded */
     CES_DL_NO_PRIMARY_KEY,       /* the target table has no primary key */
     CES_DL_REJECTED_BY_POSTGRES, /* PostgreSQL rejected the values (SQLSTATE 22, 23, 54) */
-    CES_DL_SEGMENT_TIMEOUT,      /* a segment group never completed (timeout, end of input) */
+    CES_DL_SEGMENTS_INCOMPLETE,  /* a segment group never completed (timeout, end of input) */
     CES_DL_REASSEMBLY_LIMIT,     /* a segment group broke reassembly.max_* */
     CES_DL_TYPE_CONFLICT,        /* a source column's type changed beyond its target column */
     CES_DL_SCHEMA,               /* the target table is missing, lacks a column or a key value */
@@ -62,7 +62,7 @@ typedef struct {
     const char *reason;  /* CES_ITEM_DEAD_LETTER: why; points into arena */
     /* Its memory as first counted (ces_item_bytes), 0 until then: the passes over held items that
      * count it again (releasing a transaction, filling a batch) then need not read the arena,
-     * out of the core's cache by then (on `insert`, 1.2% of ces2pg's CPU in transaction order).
+     * out of the core's cache by then.
      * An arena that grows after that (a dead letter's reason) is not counted again. */
     size_t bytes;
     const char *logicalid; /* may be NULL */
@@ -70,8 +70,8 @@ typedef struct {
     size_t raw_len;
     const ces_source_t *more_sources; /* other records this item covers (segments), in arena */
     size_t nmore_sources;
-    ces_arena_t *arena;  /* owned by the item; raw lives in it too (the Kafka message is released
-                          * as soon as the record is copied) */
+    ces_arena_t *arena;  /* owned by the item; raw lives in it too (the Kafka message is given
+                          * back as soon as the record is copied) */
     bool late; /* transaction mode: it came after its transaction went to PostgreSQL */
     bool torn; /* ... and it is the first such event of that transaction */
     /* transaction mode: it came after its transaction was released into a batch not yet sent;
@@ -119,7 +119,7 @@ typedef struct {
 /* How many items ahead a pass over a batch asks for the memory it is going to read of an item:
  * each event lives in an allocation of its own, and a batch (up to apply.batch_max_bytes, 4 MB)
  * is out of the core's cache again by the next pass over it (resolving tables, sending, counting,
- * freeing). In perf on bench/run, those reads were most of the cost of the loops that make them.
+ * freeing): the loops that make those reads wait for them unless they are asked for ahead.
  * (Taking a transaction out of order reads no more than the items themselves: see bytes.) */
 #define CES_ITEM_AHEAD 8
 

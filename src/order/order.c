@@ -18,7 +18,7 @@ typedef struct {
     uint64_t max_sequence;
     /* The held items' sequence numbers, for the look for a copy once the transaction holds more
      * than ORDER_WALK_MAX: from several partitions a large transaction's events interleave, and
-     * walking every held item for each of them was quadratic (on `bigtxn`, 1.8% of the CPU).
+     * walking every held item for each of them is quadratic.
      * Open addressing, sequence + 1 (0 = empty; UINT64_MAX in seq_has_max), at most half full.
      * Built when first needed; dropped (seq_cap 0) when items leave the transaction other than
      * all at once, and built again from those that stay. */
@@ -55,8 +55,8 @@ typedef struct {
 struct ces_order_s {
     txn_t **txns; /* sorted by LSN, oldest first, starting at head */
     /* lsns[i] is txns[i]->lsn: the search for an event's transaction reads this array instead of
-     * following a pointer to each transaction it passes, a cache miss each (of thousands held on
-     * `insert`: 40% of ces_order_add). */
+     * following a pointer to each transaction it passes, a cache miss each (and thousands may be
+     * held). */
     ces_lsn_t *lsns;
     size_t head;
     size_t count; /* live entries from head */
@@ -84,9 +84,8 @@ struct ces_order_s {
     size_t nflight;
     size_t flight_capacity;
     /* Transactions released empty, kept with their item arrays (within ORDER_SPARE_ITEM_BYTES)
-     * for the next ones: a transaction of a few events cost three allocations, and a release
-     * often ends hundreds of them at once (on `insert`, freeing them was 0.3% of the CPU with 64
-     * spares). */
+     * for the next ones: a transaction of a few events costs three allocations, and a release
+     * often ends hundreds of them at once. */
     txn_t *spare_txns[ORDER_SPARE_TXNS];
     size_t nspare_txns;
     size_t spare_item_bytes;
@@ -513,8 +512,8 @@ void ces_order_committed(ces_order_t *o, const ces_batch_t *batch) {
     size_t mask = o->nslots - 1;
     for (size_t i = 0; i < batch->count; i++) {
         /* The slots a position goes to, and those of the ring entries it pushes out, are at
-         * random places of a table of megabytes: each a cache miss, 1.5% of the CPU on `insert`
-         * when waited for one after the other. Asked for ahead, they overlap. */
+         * random places of a table of megabytes: each a cache miss when waited for one after the
+         * other. Asked for ahead, they overlap. */
         size_t ahead = i + ORDER_PREFETCH_AHEAD;
         if (o->ring_size > 0 && ahead < batch->count) {
             if (batch->items[ahead].kind == CES_ITEM_EVENT)

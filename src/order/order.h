@@ -25,7 +25,7 @@ void ces_order_destroy(ces_order_t *order);
 
 typedef enum {
     CES_ORDER_HELD,
-    CES_ORDER_DUPLICATE, /* the same position is held or was committed recently: item released */
+    CES_ORDER_DUPLICATE, /* the same position is held or was committed recently: item freed */
     CES_ORDER_NOMEM,
 } ces_order_status_t;
 
@@ -37,7 +37,7 @@ ces_order_status_t ces_order_add(ces_order_t *order, const ces_item_t *item);
 bool ces_order_oldest(const ces_order_t *order, ces_lsn_t *lsn, size_t *events, size_t *bytes);
 
 /* Moves the oldest transaction's items, in sequence order, to the end of batch. Items already
- * committed (recently seen positions) are released instead. Returns the number moved, -1 when
+ * committed (recently seen positions) are freed instead. Returns the number moved, -1 when
  * out of memory. */
 long ces_order_pop_oldest(ces_order_t *order, ces_batch_t *batch);
 

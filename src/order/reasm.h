@@ -58,13 +58,13 @@ typedef enum {
     CES_REASM_HELD,     /* kept; nothing to do yet */
     CES_REASM_COMPLETE, /* *group is complete */
     CES_REASM_GIVEN_UP, /* *group broke a bound; reason says which */
-    CES_REASM_DUPLICATE, /* a segment of a group completed recently: released */
+    CES_REASM_DUPLICATE, /* a segment of a group completed recently: freed */
     CES_REASM_NOMEM,
 } ces_reasm_status_t;
 
 /*
  * Adds a segment of logicalid (the reassembler takes segment's arena). A duplicate index is
- * released at once (its arena destroyed) unless it is the only copy.
+ * freed at once (its arena destroyed) unless it is the only copy.
  */
 ces_reasm_status_t ces_reasm_add(ces_reasm_t *reasm, const char *logicalid,
                                  const ces_segment_t *segment, int64_t now_ms,

@@ -1,32 +1,23 @@
 /*
- * flight: batches to PostgreSQL and what follows their commit (docs/semantics.md, "Delivery").
- *
- * At most one batch is in flight: sent through the apply door without waiting, PostgreSQL executes
- * it while the loop reads and decodes the next one. Its positions are stored (in PostgreSQL, inside
- * its transaction, fenced; then in Kafka for monitoring) and its events count as applied only once
- * it has committed. A batch that cannot be applied (fenced by another instance, or a streamed
- * transaction lost with its connection) sends every partition back to the position PostgreSQL
- * holds, dropping whatever is held in memory: it is read again.
+ * flight: the batch in flight, commits and rewinds (flight.h).
  */
-#include "pipeline/pipeline_int.h"
+#include "pipeline/flight.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "pipeline/lateness.h"
+#include "pipeline/partitions.h"
+#include "pipeline/staging.h"
+#include "pipeline/state.h"
+#include "pipeline/stream.h"
 #include "util/clock.h"
 #include "util/log.h"
 
-typedef struct {
-    ces_pipeline_t *p;
-    int failed;
-} collect_t;
-
-/* Adds the partition's position, held back by what is not yet applied, to the batch. */
-static void collect_position(void *value, void *arg) {
-    collect_t *c = arg;
-    partition_t *part = value;
-    ces_pipeline_t *p = c->p;
+/* Adds the partition's position, held back by what is not yet applied, to the batch. Returns 0,
+ * or -1 when out of memory. */
+static int collect_position(ces_pipeline_t *p, ces_partition_t *part) {
     int64_t held = INT64_MAX, offset;
     if (ces_reasm_min_offset(p->reasm, part->topic, part->partition, &offset) && offset < held)
         held = offset;
@@ -35,11 +26,12 @@ static void collect_position(void *value, void *arg) {
         held = offset;
     ces_offset_update_t update;
     if (!ces_positions_to_store(&part->pos, part->topic, part->partition, held, &update))
-        return;
+        return 0;
     const ces_source_gap_t *gap = ces_positions_gap_to_store(&part->pos);
     if (ces_batch_set_offset(&p->batch, &update) != 0 ||
         (gap != NULL && ces_batch_add_gap(&p->batch, gap) != 0))
-        c->failed = 1;
+        return -1;
+    return 0;
 }
 
 /* What follows a batch that PostgreSQL accepted: committed, or (!commit) one part of a streamed
@@ -50,25 +42,19 @@ static void batch_applied(ces_pipeline_t *p, ces_batch_t *batch, const ces_apply
         p->options.on_applied(p->options.on_applied_opaque, batch,
                               (double)(ces_clock_now_ms() - started_ms) / 1000.0);
     if (!commit) {
-        p->stream_stats.events_applied += st->events_applied;
-        p->stream_stats.dead_letters += st->dead_letters;
+        ces_stream_part_applied(&p->stream, st);
         ces_batch_clear(batch);
         return;
     }
-    p->stats.events_applied += st->events_applied + p->stream_stats.events_applied;
-    p->stats.dead_letters += st->dead_letters + p->stream_stats.dead_letters;
+    p->stats.events_applied += st->events_applied + p->stream.stats.events_applied;
+    p->stats.dead_letters += st->dead_letters + p->stream.stats.dead_letters;
     p->stats.batches++;
-    if (p->streaming)
-        ces_log_info("large source transaction committed (%llu events in its PostgreSQL transaction)",
-                     (unsigned long long)(st->events_applied + p->stream_stats.events_applied));
-    p->streaming = false;
-    p->stream_complete = false;
-    memset(&p->stream_stats, 0, sizeof(p->stream_stats));
+    ces_stream_committed(&p->stream, st);
     if (p->order != NULL)
         ces_order_committed(p->order, batch);
     for (size_t i = 0; i < batch->noffsets; i++) {
         const ces_offset_update_t *o = &batch->offsets[i];
-        partition_t *part = ces_pipeline_partition(p, o->topic, o->partition, false);
+        ces_partition_t *part = ces_partitions_get(p->partitions, o->topic, o->partition, false);
         if (part != NULL)
             ces_positions_on_commit(&part->pos, o->next);
         if (p->feed.store_position != NULL)
@@ -153,28 +139,33 @@ static ces_pipeline_status_t flush(ces_pipeline_t *p, bool async, char *errstr,
     if (pst != CES_PIPELINE_OK)
         return pst;
     /* Inside a streamed transaction nothing is committed, so no position is stored, until its end. */
-    bool commit = !p->streaming || p->stream_complete;
+    bool commit = !p->stream.open || p->stream.complete;
     if (p->options.store_offsets && commit) {
-        collect_t c = {p, 0};
-        ces_map_each(p->partitions, collect_position, &c);
-        if (c.failed) {
+        int failed = 0;
+        ces_partitions_iter_t it = {0};
+        ces_partition_t *part;
+        while ((part = ces_partitions_next(p->partitions, &it)) != NULL) {
+            if (collect_position(p, part) != 0)
+                failed = 1;
+        }
+        if (failed) {
             snprintf(errstr, errstr_size, "out of memory");
             return CES_PIPELINE_FATAL;
         }
     }
-    if (p->batch.count == 0 && p->batch.noffsets == 0 && !(p->streaming && commit))
+    if (p->batch.count == 0 && p->batch.noffsets == 0 && !(p->stream.open && commit))
         return CES_PIPELINE_OK;
     int64_t started_ms = ces_clock_now_ms();
-    ces_release_sent(p, started_ms);
+    ces_lateness_sent(&p->late, started_ms);
     p->batch.retrying = p->options.retry_dead_letters;
-    p->batch.reorder_window_ms = p->order != NULL ? ces_window_ms(&p->late.window) : -1;
+    p->batch.reorder_window_ms = p->order != NULL ? ces_lateness_window_ms(&p->late) : -1;
     /* The last part of a streamed transaction commits it: that one waits. */
-    if (async && !(p->streaming && commit) &&
+    if (async && !(p->stream.open && commit) &&
         (p->order == NULL || ces_order_set_in_flight(p->order, &p->batch) == 0))
         return send_in_flight(p, commit, started_ms, errstr, errstr_size);
     ces_apply_stats_t st = {0};
     ces_apply_status_t rc =
-        p->streaming && commit
+        p->stream.open && commit
             ? ces_apply_stream_commit(p->apply, &p->batch, &st, errstr, errstr_size)
             : ces_apply_batch(p->apply, &p->batch, &st, errstr, errstr_size);
     p->stats.retries += st.retries;
@@ -198,7 +189,8 @@ ces_pipeline_status_t ces_flight_begin_stream(ces_pipeline_t *p, ces_lsn_t lsn, 
     ces_pipeline_status_t st = ces_flight_flush(p, errstr, errstr_size);
     if (st != CES_PIPELINE_OK)
         return st;
-    switch (ces_apply_stream_begin(p->apply, errstr, errstr_size)) {
+    switch (ces_stream_begin(&p->stream, p->apply, lsn, p->options.batch_max_events,
+                             p->options.batch_max_bytes, errstr, errstr_size)) {
     case CES_APPLY_OK:
         break;
     case CES_APPLY_INTERRUPTED:
@@ -209,48 +201,31 @@ ces_pipeline_status_t ces_flight_begin_stream(ces_pipeline_t *p, ces_lsn_t lsn, 
         ces_log_warning("%s: going back to the positions stored in PostgreSQL", errstr);
         return ces_flight_rewind(p, errstr, errstr_size);
     }
-    char text[23];
-    ces_lsn_format(lsn, text);
-    ces_log_info("source transaction %s is larger than a batch (%zu events or %zu bytes): "
-                 "streaming it into one PostgreSQL transaction",
-                 text, p->options.batch_max_events, p->options.batch_max_bytes);
-    p->streaming = true;
-    p->stream_lsn = lsn;
     return CES_PIPELINE_OK;
 }
 
-typedef struct {
-    ces_pipeline_t *p;
-    int failed;
-    char *errstr;
-    size_t errstr_size;
-    ces_apply_status_t status;
-} rewind_t;
-
-static void rewind_partition(void *value, void *arg) {
-    rewind_t *r = arg;
-    partition_t *part = value;
-    const ces_feed_t *feed = &r->p->feed;
-    if (r->failed || !part->pos.has_next)
-        return;
+/* Sends the partition back to the position PostgreSQL holds. Returns 0, or -1 when that could not
+ * be read (*status says why, errstr too) or the feed could not seek (*status CES_APPLY_OK). */
+static int rewind_partition(ces_pipeline_t *p, ces_partition_t *part, ces_apply_status_t *status,
+                            char *errstr, size_t errstr_size) {
     int64_t stored;
-    r->status = ces_apply_read_offsets(r->p->apply, part->topic, &part->partition, 1, &stored,
-                                       r->errstr, r->errstr_size);
-    if (r->status != CES_APPLY_OK) {
-        r->failed = 1;
-        return;
-    }
+    *status = ces_apply_read_offsets(p->apply, part->topic, &part->partition, 1, &stored, errstr,
+                                     errstr_size);
+    if (*status != CES_APPLY_OK)
+        return -1;
     int64_t target = ces_positions_on_rewind(&part->pos, stored);
     part->has_frontier = false; /* what it delivered is read again */
     part->at_eof = false;
+    const ces_feed_t *feed = &p->feed;
     if (feed->seek != NULL && feed->seek(feed->opaque, part->topic, part->partition, target) != 0)
-        r->failed = 1;
+        return -1;
+    return 0;
 }
 
 ces_pipeline_status_t ces_flight_rewind(ces_pipeline_t *p, char *errstr, size_t errstr_size) {
     char why[256];
     /* Records read ahead are read again from the positions below. */
-    ces_intake_drop(p);
+    ces_staging_drop(p);
     /* Whether it commits or not, the positions read below account for it. */
     if (p->flying && land_in_flight(p, why, sizeof(why)) != CES_APPLY_OK)
         ces_log_debug("the batch in flight was not applied: %s", why);
@@ -261,17 +236,17 @@ ces_pipeline_status_t ces_flight_rewind(ces_pipeline_t *p, char *errstr, size_t 
     ces_reasm_forget_completed(p->reasm);
     if (p->order != NULL)
         ces_order_reset(p->order);
-    ces_release_forget(p);
-    ces_apply_stream_abort(p->apply);
-    p->streaming = false;
-    p->stream_complete = false;
-    memset(&p->stream_stats, 0, sizeof(p->stream_stats));
-    rewind_t r = {p, 0, errstr, errstr_size, CES_APPLY_OK};
-    ces_map_each(p->partitions, rewind_partition, &r);
-    if (r.failed) {
-        if (r.status == CES_APPLY_INTERRUPTED)
+    ces_lateness_forget(&p->late);
+    ces_stream_abort(&p->stream, p->apply);
+    ces_partitions_iter_t it = {0};
+    ces_partition_t *part;
+    while ((part = ces_partitions_next(p->partitions, &it)) != NULL) {
+        ces_apply_status_t status;
+        if (!part->pos.has_next || rewind_partition(p, part, &status, errstr, errstr_size) == 0)
+            continue;
+        if (status == CES_APPLY_INTERRUPTED)
             return CES_PIPELINE_INTERRUPTED;
-        if (r.status == CES_APPLY_OK)
+        if (status == CES_APPLY_OK)
             snprintf(errstr, errstr_size, "could not seek back to the stored positions");
         return CES_PIPELINE_FATAL;
     }

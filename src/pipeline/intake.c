@@ -1,5 +1,6 @@
 /*
- * intake: records in, events and dead letters out (pipeline.h names the room's other files).
+ * intake: records in, events and dead letters out (intake.h; pipeline.h names the room's other
+ * files).
  *
  * A record is staged, decoded (by the team of decoding threads when there is one: staging lets the
  * helpers decode up to STAGE_DEPTH - 1 stages ahead while this thread reads, takes in and sends;
@@ -9,53 +10,18 @@
  * as a dead letter with the record's bytes. Events of tables left out by schema.include/exclude
  * are counted and dropped here.
  */
-#include "pipeline/pipeline_int.h"
+#include "pipeline/intake.h"
 
 #include <fnmatch.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "pipeline/lateness.h"
+#include "pipeline/partitions.h"
+#include "pipeline/staging.h"
+#include "pipeline/state.h"
 #include "util/log.h"
-
-/* Releases the records of a stage from item from on, undecoded or decoded (not while the team
- * works on it). */
-static void unstage(ces_pipeline_t *p, stage_t *stage, size_t from) {
-    for (size_t i = from; i < stage->count; i++) {
-        staged_t *s = &stage->items[i];
-        ces_intake_give_back(p, s->rec.handle);
-        ces_arena_destroy(s->arena);
-        s->arena = NULL;
-    }
-    stage->count = 0;
-    stage->bytes = 0;
-}
-
-static void prepare(void *worker, void *job, size_t item);
-
-/* The index of stage k (0: the oldest) of those the team decodes (k < ndecoding). */
-static size_t decoding_index(const ces_pipeline_t *p, size_t k) {
-    return (p->fill_index + STAGE_DEPTH - p->ndecoding + k) % STAGE_DEPTH;
-}
-
-/* The oldest stage the team decodes, complete (this thread doing what is left), or NULL. */
-static stage_t *finish_decoding(ces_pipeline_t *p) {
-    if (p->ndecoding == 0)
-        return NULL;
-    stage_t *stage = &p->stages[decoding_index(p, 0)];
-    ces_team_finish(p->team, prepare, stage, p->decoder, stage->count);
-    p->ndecoding--;
-    return stage;
-}
-
-/* Records read but not taken in are dropped: after a seek back, or a failure, they are read
- * again. */
-void ces_intake_drop(ces_pipeline_t *p) {
-    stage_t *decoded;
-    while ((decoded = finish_decoding(p)) != NULL)
-        unstage(p, decoded, 0);
-    unstage(p, &p->stages[p->fill_index], 0);
-}
 
 /* Adds a dead-letter item; takes arena. */
 static int add_dead_letter(ces_pipeline_t *p, const ces_source_t *source, ces_dl_class_t cls,
@@ -111,13 +77,13 @@ static int add_event(ces_pipeline_t *p, const ces_source_t *source, const ces_ev
         p->stats.events_consumed[event->op]++;
     ces_lsn_t lsn = event->position.commit_lsn;
     bool torn_first = false;
-    bool late = p->order != NULL && ces_release_is_late(p, source, lsn, &torn_first);
-    bool after_release = p->order != NULL && ces_release_after_release(p, lsn); /* never late */
+    bool late = p->order != NULL && ces_lateness_is_late(&p->late, p->partitions, source, lsn, &torn_first);
+    bool after_release = p->order != NULL && ces_lateness_after_release(&p->late, lsn); /* never late */
     if (p->order != NULL) {
         /* Even a skipped event tells how far its partitions have come. */
-        ces_release_saw_commit(p, source, event->position.commit_lsn);
+        ces_partitions_saw_commit(p->partitions, source, event->position.commit_lsn);
         for (size_t i = 0; i < nmore; i++)
-            ces_release_saw_commit(p, &more[i], event->position.commit_lsn);
+            ces_partitions_saw_commit(p->partitions, &more[i], event->position.commit_lsn);
     }
     if (!table_selected(p, event)) {
         p->stats.excluded++;
@@ -153,9 +119,9 @@ static int add_event(ces_pipeline_t *p, const ces_source_t *source, const ces_ev
     switch (ces_order_add(p->order, &tmp)) {
     case CES_ORDER_HELD:
         if (late)
-            ces_release_late(p, source, lsn, torn_first, now_ms);
+            ces_lateness_late(&p->late, p->partitions, source, lsn, torn_first, now_ms);
         else if (after_release)
-            ces_release_came_after_release(p, source, lsn, now_ms);
+            ces_lateness_came_after_release(&p->late, p->partitions, source, lsn, now_ms);
         return 0;
     case CES_ORDER_DUPLICATE: /* counted by the orderer (ces_pipeline_get_stats) */
         ces_log_debug("duplicate of an applied or held event skipped: %s[%d]@%lld (%s)",
@@ -167,12 +133,6 @@ static int add_event(ces_pipeline_t *p, const ces_source_t *source, const ces_ev
     }
     ces_arena_destroy(arena);
     return -1;
-}
-
-static bool is_whole(const ces_envelope_t *env) {
-    if (env->legacy)
-        return env->split_total == 0 || env->split_total == 1;
-    return env->final_segment && env->index <= 1;
 }
 
 /* Dead-letters every segment of a group that cannot be applied; takes the group. */
@@ -266,37 +226,6 @@ static ces_pipeline_status_t handle_reasm(ces_pipeline_t *p, ces_reasm_status_t 
     return CES_PIPELINE_FATAL;
 }
 
-/*
- * Decodes a staged record as far as it goes without the pipeline's state: its envelope and, for a
- * whole event, its Data, in the slot's arena (take makes the compact copy the event is held as).
- * Runs on any thread of the team, with that thread's decoder (worker).
- */
-static void prepare(void *worker, void *job, size_t item) {
-    ces_decoder_t *decoder = worker;
-    staged_t *s = &((stage_t *)job)->items[item];
-    const ces_record_t *rec = &s->rec;
-    /* Decoded from the feed's own bytes, which stay until the record is taken in (librdkafka's
-     * message then goes back at once: a held message would keep the buffer of its whole fetch
-     * alive). Taking in copies the record once, to wherever it is kept. The decoded tree and
-     * strings take about as much as the record. */
-    if (s->arena == NULL)
-        s->arena = ces_arena_new_sized(rec->len + 512);
-    if (s->arena == NULL) {
-        s->nomem = true;
-        return;
-    }
-    s->envelope_status = ces_decode_envelope(decoder, s->arena, rec->value, rec->len, &s->env,
-                                             s->reason, sizeof(s->reason));
-    s->whole = s->envelope_status == CES_DECODE_OK && is_whole(&s->env);
-    if (!s->whole)
-        return;
-    /* The data string is the arena's copy, read only here: decoded in place (see take for the
-     * record that turns out to be a segment after all). */
-    s->event_status = ces_decode_event_in_place(decoder, s->arena, &s->env, (char *)s->env.data,
-                                                s->env.data_len, &s->event, s->reason,
-                                                sizeof(s->reason));
-}
-
 /* A record that cannot be decoded: a dead letter with its bytes. Takes arena. */
 static ces_pipeline_status_t undecodable(ces_pipeline_t *p, const ces_source_t *source,
                                          const char *reason, const char *logicalid,
@@ -308,20 +237,65 @@ static ces_pipeline_status_t undecodable(ces_pipeline_t *p, const ces_source_t *
     return CES_PIPELINE_FATAL;
 }
 
-/* Keeps an emptied decoding arena for a later record, within SPARE_BYTES; else frees it. */
-static void keep_spare(ces_pipeline_t *p, ces_arena_t *arena) {
-    ces_arena_reset(arena);
-    size_t footprint = ces_arena_footprint(arena);
-    if (p->nspares < sizeof(p->spares) / sizeof(p->spares[0]) &&
-        p->spare_bytes + footprint <= SPARE_BYTES) {
-        p->spares[p->nspares++] = arena;
-        p->spare_bytes += footprint;
-    } else {
-        ces_arena_destroy(arena);
+/* The record rec was read: its partition moves on past it (checked first for a source gap when
+ * reading resumed there), and *source says where it came from. Returns CES_PIPELINE_OK, the gap's
+ * status (then the record is not taken in: nothing past the gap is read), or CES_PIPELINE_FATAL
+ * (out of memory). */
+static ces_pipeline_status_t note_read(ces_pipeline_t *p, const ces_record_t *rec, int64_t now_ms,
+                                       ces_source_t *source, char *errstr, size_t errstr_size) {
+    ces_partition_t *part = ces_partitions_get(p->partitions, rec->topic, rec->partition, true);
+    if (part == NULL) {
+        snprintf(errstr, errstr_size, "out of memory");
+        return CES_PIPELINE_FATAL;
     }
+    if (part->pos.expect_from >= 0) {
+        ces_pipeline_status_t st = ces_intake_check_resume(p, part->topic, rec->partition,
+                                                           rec->offset, false, errstr, errstr_size);
+        if (st != CES_PIPELINE_OK)
+            return st;
+    }
+    if (!p->options.store_offsets)
+        part->assigned = true; /* a replayed file is a partition of its own */
+    ces_positions_on_read(&part->pos, rec->offset);
+    part->at_eof = false;
+    part->last_record_ms = now_ms;
+    *source = (ces_source_t){.topic = part->topic, .partition = rec->partition,
+                             .offset = rec->offset};
+    p->stats.records++;
+    if (p->batch.count == 0)
+        p->batch_started_ms = now_ms;
+    return CES_PIPELINE_OK;
 }
 
-/* Takes in a prepared record, in order, on the loop's thread. */
+/* A segment of an event (env, its record's copy raw): to the reassembler, which may complete its
+ * group. Takes arena. */
+static ces_pipeline_status_t add_segment(ces_pipeline_t *p, const ces_source_t *source,
+                                         const ces_envelope_t *env, const void *raw,
+                                         size_t raw_len, ces_arena_t *arena, int64_t now_ms,
+                                         char *errstr, size_t errstr_size) {
+    if (env->data == NULL)
+        return undecodable(p, source, "a segment must carry data as a string", env->logicalid,
+                           raw, raw_len, arena, errstr, errstr_size);
+    ces_segment_t seg = {
+        .source = *source,
+        .envelope = *env,
+        .index = env->index,
+        .final_segment = env->final_segment,
+        .split_total = env->legacy ? env->split_total : -1,
+        .data = env->data,
+        .data_len = env->data_len,
+        .raw = raw,
+        .raw_len = raw_len,
+        .arena = arena,
+    };
+    ces_reasm_group_t *group = NULL;
+    char reason[512];
+    ces_reasm_status_t rs =
+        ces_reasm_add(p->reasm, env->logicalid, &seg, now_ms, &group, reason, sizeof(reason));
+    return handle_reasm(p, rs, group, reason, now_ms, errstr, errstr_size);
+}
+
+/* Takes in a decoded record, in order, on the loop's thread. */
 static ces_pipeline_status_t take_record(ces_pipeline_t *p, staged_t *s, int64_t now_ms,
                                          char *errstr, size_t errstr_size) {
     const ces_record_t *rec = &s->rec;
@@ -343,34 +317,18 @@ static ces_pipeline_status_t take_record(ces_pipeline_t *p, staged_t *s, int64_t
         raw = ces_arena_strndup(arena, rec->value, rec->len);
     }
     s->nomem = s->nomem || raw == NULL;
-    ces_intake_give_back(p, rec->handle);
+    ces_staging_give_back(p, rec->handle);
     if (p->flying && (++p->adds & 15) == 0)
         ces_apply_progress(p->apply);
     if (s->nomem)
         goto nomem;
-    ces_source_t source = {.topic = NULL, .partition = rec->partition, .offset = rec->offset};
-    partition_t *part = ces_pipeline_partition(p, rec->topic, rec->partition, true);
-    if (part == NULL)
-        goto nomem;
-    if (part->pos.expect_from >= 0) {
-        ces_pipeline_status_t st = ces_intake_check_resume(p, part->topic, rec->partition,
-                                                           rec->offset, false, errstr, errstr_size);
-        if (st != CES_PIPELINE_OK) {
-            ces_arena_destroy(compact);
-            ces_arena_destroy(arena); /* not taken in: nothing past the gap is read */
-            return st;
-        }
+    ces_source_t source;
+    ces_pipeline_status_t st = note_read(p, rec, now_ms, &source, errstr, errstr_size);
+    if (st != CES_PIPELINE_OK) {
+        ces_arena_destroy(compact);
+        ces_arena_destroy(arena);
+        return st;
     }
-    if (!p->options.store_offsets)
-        part->assigned = true; /* a replayed file is a partition of its own */
-    ces_positions_on_read(&part->pos, rec->offset);
-    part->at_eof = false;
-    part->last_record_ms = now_ms;
-    source.topic = part->topic;
-    p->stats.records++;
-    if (p->batch.count == 0)
-        p->batch_started_ms = now_ms;
-
     ces_envelope_t env = s->env;
     if (s->envelope_status == CES_DECODE_NOMEM)
         goto nomem;
@@ -380,7 +338,7 @@ static ces_pipeline_status_t take_record(ces_pipeline_t *p, staged_t *s, int64_t
     if (s->whole) {
         if (whole_event) {
             /* Held as its compact copy: the decoding arena decodes a later record. */
-            keep_spare(p, arena);
+            ces_staging_keep_spare(p, arena);
             if (add_event(p, &source, &held, raw, rec->len, compact, NULL, 0, now_ms) != 0)
                 goto nomem_taken;
             return CES_PIPELINE_OK;
@@ -394,34 +352,15 @@ static ces_pipeline_status_t take_record(ces_pipeline_t *p, staged_t *s, int64_t
                                errstr, errstr_size);
         /* Its data went to the failed decoding: the segment takes the envelope read again. */
         char again[512];
-        ces_decode_status_t st =
+        ces_decode_status_t ds =
             ces_decode_envelope(p->decoder, arena, raw, rec->len, &env, again, sizeof(again));
-        if (st == CES_DECODE_NOMEM)
+        if (ds == CES_DECODE_NOMEM)
             goto nomem;
-        if (st != CES_DECODE_OK) /* it was read once already: the same bytes cannot fail now */
+        if (ds != CES_DECODE_OK) /* it was read once already: the same bytes cannot fail now */
             return undecodable(p, &source, again, NULL, raw, rec->len, arena, errstr,
                                errstr_size);
     }
-    if (env.data == NULL)
-        return undecodable(p, &source, "a segment must carry data as a string", env.logicalid,
-                           raw, rec->len, arena, errstr, errstr_size);
-    ces_segment_t seg = {
-        .source = source,
-        .envelope = env,
-        .index = env.index,
-        .final_segment = env.final_segment,
-        .split_total = env.legacy ? env.split_total : -1,
-        .data = env.data,
-        .data_len = env.data_len,
-        .raw = raw,
-        .raw_len = rec->len,
-        .arena = arena,
-    };
-    ces_reasm_group_t *group = NULL;
-    char reason[512];
-    ces_reasm_status_t rs =
-        ces_reasm_add(p->reasm, env.logicalid, &seg, now_ms, &group, reason, sizeof(reason));
-    return handle_reasm(p, rs, group, reason, now_ms, errstr, errstr_size);
+    return add_segment(p, &source, &env, raw, rec->len, arena, now_ms, errstr, errstr_size);
 nomem:
     ces_arena_destroy(compact);
     ces_arena_destroy(arena);
@@ -430,22 +369,13 @@ nomem_taken:
     return CES_PIPELINE_FATAL;
 }
 
-/* The emptied decoding arena kept last (the likeliest still in the core's cache), or NULL. */
-static ces_arena_t *take_spare(ces_pipeline_t *p) {
-    if (p->nspares == 0)
-        return NULL;
-    ces_arena_t *arena = p->spares[--p->nspares];
-    p->spare_bytes -= ces_arena_footprint(arena);
-    return arena;
-}
-
 bool ces_intake_stage(ces_pipeline_t *p, const ces_record_t *rec) {
     stage_t *stage = &p->stages[p->fill_index];
     staged_t *s = &stage->items[stage->count++];
     s->rec = *rec;
     /* Helpers decode with the arena given here; alone, this thread gives each record the arena
      * the record before it left, as it decodes it (take_stage). */
-    s->arena = p->team != NULL ? take_spare(p) : NULL;
+    s->arena = p->team != NULL ? ces_staging_take_spare(p) : NULL;
     s->nomem = false;
     s->whole = false;
     stage->bytes += rec->len;
@@ -460,7 +390,7 @@ size_t ces_intake_room(const ces_pipeline_t *p) {
     size_t limits = p->flying ? 2 : 1;
     size_t staged = filling->count, staged_bytes = filling->bytes;
     for (size_t k = 0; k < p->ndecoding; k++) {
-        const stage_t *d = &p->stages[decoding_index(p, k)];
+        const stage_t *d = &p->stages[ces_staging_decoding_index(p, k)];
         staged += d->count;
         staged_bytes += d->bytes;
     }
@@ -483,8 +413,8 @@ bool ces_intake_busy(const ces_pipeline_t *p) {
 /*
  * Takes in a stage's records, in order: decoded already (by the team), or, decode_each, each
  * decoded just before it is taken in, in the arena the record before it left. Alone, that keeps
- * one decoding arena going round instead of one per staged record (each as large as its record:
- * 2-3 MB of peak RSS on bench/run's mixed and wide), and a record's bytes, tree and event are
+ * one decoding arena going round instead of one per staged record (each as large as its record,
+ * which adds up in peak memory on wide records), and a record's bytes, tree and event are
  * still in the core's cache when it is copied.
  */
 static ces_pipeline_status_t take_stage(ces_pipeline_t *p, stage_t *stage, bool decode_each,
@@ -492,12 +422,12 @@ static ces_pipeline_status_t take_stage(ces_pipeline_t *p, stage_t *stage, bool 
     for (size_t i = 0; i < stage->count; i++) {
         staged_t *s = &stage->items[i];
         if (decode_each) {
-            s->arena = take_spare(p); /* staged without one (ces_intake_stage) */
-            prepare(p->decoder, stage, i);
+            s->arena = ces_staging_take_spare(p); /* staged without one (ces_intake_stage) */
+            ces_staging_decode(p->decoder, stage, i);
         }
         ces_pipeline_status_t st = take_record(p, s, now_ms, errstr, errstr_size);
         if (st != CES_PIPELINE_OK) {
-            unstage(p, stage, i + 1);
+            ces_staging_unstage(p, stage, i + 1);
             return st;
         }
     }
@@ -518,26 +448,26 @@ ces_pipeline_status_t ces_intake_take(ces_pipeline_t *p, int64_t now_ms, bool mo
     bool ahead = more_coming && p->team != NULL;
     stage_t *next = &p->stages[p->fill_index];
     if (ahead && next->count > 0) {
-        ces_team_start(p->team, prepare, next, next->count);
+        ces_team_start(p->team, ces_staging_decode, next, next->count);
         p->ndecoding++;
         p->fill_index = (p->fill_index + 1) % STAGE_DEPTH;
         next = NULL;
     }
     ces_pipeline_status_t st = CES_PIPELINE_OK;
     while (st == CES_PIPELINE_OK && p->ndecoding > 0) {
-        stage_t *oldest = &p->stages[decoding_index(p, 0)];
+        stage_t *oldest = &p->stages[ces_staging_decoding_index(p, 0)];
         if (ahead && p->ndecoding < STAGE_DEPTH - 1 &&
             !ces_team_done(p->team, oldest, oldest->count))
             break;
-        st = take_stage(p, finish_decoding(p), false, now_ms, errstr, errstr_size);
+        st = take_stage(p, ces_staging_finish_oldest(p), false, now_ms, errstr, errstr_size);
     }
     if (st == CES_PIPELINE_OK && next != NULL) {
         if (p->team != NULL)
-            ces_team_run(p->team, prepare, next, p->decoder, next->count);
+            ces_team_run(p->team, ces_staging_decode, next, p->decoder, next->count);
         st = take_stage(p, next, p->team == NULL, now_ms, errstr, errstr_size);
     }
     if (st != CES_PIPELINE_OK)
-        ces_intake_drop(p);
+        ces_staging_drop(p);
     return st;
 }
 
@@ -549,7 +479,7 @@ ces_pipeline_status_t ces_intake_add(ces_pipeline_t *p, const ces_record_t *rec,
 
 /* A gap at the source: logged, counted, and either the end of the loop or recorded with the batch
  * that moves past it. */
-static ces_pipeline_status_t source_gap(ces_pipeline_t *p, partition_t *part,
+static ces_pipeline_status_t source_gap(ces_pipeline_t *p, ces_partition_t *part,
                                         const ces_source_gap_t *gap, char *errstr,
                                         size_t errstr_size) {
     p->stats.source_gaps++;
@@ -597,7 +527,7 @@ static bool records_removed(const ces_pipeline_t *p, const ces_source_gap_t *gap
 ces_pipeline_status_t ces_intake_check_resume(ces_pipeline_t *p, const char *topic,
                                               int32_t partition, int64_t offset, bool eof,
                                               char *errstr, size_t errstr_size) {
-    partition_t *part = ces_pipeline_partition(p, topic, partition, false);
+    ces_partition_t *part = ces_partitions_get(p->partitions, topic, partition, false);
     ces_source_gap_t gap;
     if (part == NULL ||
         !ces_positions_check_resume(&part->pos, part->topic, partition, offset, eof, &gap))
@@ -615,7 +545,7 @@ ces_pipeline_status_t ces_intake_check_resume(ces_pipeline_t *p, const char *top
 ces_pipeline_status_t ces_intake_out_of_range(ces_pipeline_t *p, const char *topic,
                                               int32_t partition, int64_t offset, char *errstr,
                                               size_t errstr_size) {
-    partition_t *part = ces_pipeline_partition(p, topic, partition, false);
+    ces_partition_t *part = ces_partitions_get(p->partitions, topic, partition, false);
     if (part == NULL)
         return CES_PIPELINE_OK;
     int64_t low = -1, high;
@@ -651,7 +581,7 @@ int ces_intake_expire(ces_pipeline_t *p, int64_t now_ms) {
                  (long long)p->options.reasm.timeout_ms, g->count);
         if (p->batch.count == 0)
             p->batch_started_ms = now_ms;
-        if (give_up_group(p, g, CES_DL_SEGMENT_TIMEOUT, reason) != 0)
+        if (give_up_group(p, g, CES_DL_SEGMENTS_INCOMPLETE, reason) != 0)
             return -1;
     }
     return 0;
@@ -666,7 +596,7 @@ int ces_intake_give_up_all(ces_pipeline_t *p, int64_t now_ms) {
                  g->count);
         if (p->batch.count == 0)
             p->batch_started_ms = now_ms;
-        if (give_up_group(p, g, CES_DL_SEGMENT_TIMEOUT, reason) != 0)
+        if (give_up_group(p, g, CES_DL_SEGMENTS_INCOMPLETE, reason) != 0)
             return -1;
     }
     return 0;

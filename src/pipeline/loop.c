@@ -12,10 +12,18 @@
  * it has been open for a few milliseconds: a trickle is applied at once, a backlog in full batches
  * while the next one is read.
  */
-#include "pipeline/pipeline_int.h"
+#include "pipeline/loop.h"
 
 #include <stdio.h>
 
+#include "pipeline/flight.h"
+#include "pipeline/intake.h"
+#include "pipeline/lateness.h"
+#include "pipeline/partitions.h"
+#include "pipeline/release.h"
+#include "pipeline/staging.h"
+#include "pipeline/state.h"
+#include "pipeline/stream.h"
 #include "util/clock.h"
 #include "util/log.h"
 
@@ -23,10 +31,8 @@
 #define PG_CHECK_MS 1000
 
 /* How long an open batch waits for more records before a pause in arrivals applies it. Under a
- * backlog a batch fills while the one before it is in flight, so this matters for a trickle,
- * where it is most of the latency: 5 ms instead of 20 halved p50 at 2,000 events/s (bench/run
- * latency: partition order 16-20 -> 7-9 ms, p99 38-57 -> 24-35 ms) and, side by side, changed
- * no throughput scenario beyond its noise. */
+ * backlog a batch fills while the one before it is in flight, so this matters for a trickle only,
+ * where it is most of the latency: keep it at a few milliseconds. */
 #define SETTLE_MS 5
 
 static int64_t settle_ms(const ces_pipeline_t *p) {
@@ -59,18 +65,68 @@ int ces_loop_wait_ms(const ces_pipeline_t *p, int64_t now_ms, int max_ms) {
     return left < max_ms ? (int)left : max_ms;
 }
 
-static void scan_dirty(void *value, void *arg) {
-    bool *dirty = arg;
-    *dirty = *dirty || ((partition_t *)value)->pos.dirty;
-}
-
 /* Something waits to be applied or stored. */
 static bool pending(const ces_pipeline_t *p) {
     if (p->batch.count > 0)
         return true;
-    bool dirty = false;
-    ces_map_each(p->partitions, scan_dirty, &dirty);
-    return dirty;
+    ces_partitions_iter_t it = {0};
+    const ces_partition_t *part;
+    while ((part = ces_partitions_next(p->partitions, &it)) != NULL) {
+        if (part->pos.dirty)
+            return true;
+    }
+    return false;
+}
+
+/* Streams the oldest held transaction when it has outgrown a batch and nothing older can come:
+ * opens its PostgreSQL transaction first (flight), then sends each part release lets go. */
+static ces_pipeline_status_t stream_large_transaction(ces_pipeline_t *p, int64_t now_ms,
+                                                      char *errstr, size_t errstr_size) {
+    ces_lsn_t lsn;
+    switch (ces_release_stream_next(p, now_ms, &lsn)) {
+    case CES_RELEASE_STREAM_NONE:
+        return CES_PIPELINE_OK;
+    case CES_RELEASE_STREAM_START: {
+        ces_pipeline_status_t st = ces_flight_begin_stream(p, lsn, errstr, errstr_size);
+        if (st != CES_PIPELINE_OK || !p->stream.open)
+            return st; /* or it went back to the stored positions */
+        break;
+    }
+    case CES_RELEASE_STREAM_PART:
+        break;
+    }
+    if (ces_release_stream_part(p, lsn, now_ms) != 0) {
+        snprintf(errstr, errstr_size, "out of memory");
+        return CES_PIPELINE_FATAL;
+    }
+    /* Applied while the next part is read, like a full batch. */
+    return ces_flight_send(p, errstr, errstr_size);
+}
+
+ces_pipeline_status_t ces_loop_tick(ces_pipeline_t *p, int64_t now_ms, char *errstr,
+                                    size_t errstr_size) {
+    if (ces_intake_expire(p, now_ms) != 0 || ces_release_transactions(p, now_ms, false) != 0) {
+        snprintf(errstr, errstr_size, "out of memory");
+        return CES_PIPELINE_FATAL;
+    }
+    ces_pipeline_status_t st = stream_large_transaction(p, now_ms, errstr, errstr_size);
+    if (st != CES_PIPELINE_OK)
+        return st;
+    ces_release_bound_memory(p);
+    if (p->order != NULL)
+        ces_lateness_tick(&p->late, now_ms);
+    return CES_PIPELINE_OK;
+}
+
+/* The input ended: every incomplete segment group becomes dead letters, every held transaction
+ * is complete and goes into the batch. */
+static ces_pipeline_status_t drain(ces_pipeline_t *p, int64_t now_ms, char *errstr,
+                                   size_t errstr_size) {
+    if (ces_intake_give_up_all(p, now_ms) != 0 || ces_release_transactions(p, now_ms, true) != 0) {
+        snprintf(errstr, errstr_size, "out of memory");
+        return CES_PIPELINE_FATAL;
+    }
+    return CES_PIPELINE_OK;
 }
 
 typedef struct {
@@ -118,7 +174,7 @@ static ces_poll_status_t read_records(ces_pipeline_t *p, int64_t now_ms, size_t 
 /* One turn of the loop. */
 static ces_pipeline_status_t turn(ces_pipeline_t *p, loop_t *loop, int64_t now_ms, char *errstr,
                                   size_t errstr_size) {
-    ces_pipeline_status_t st = ces_release_tick(p, now_ms, errstr, errstr_size);
+    ces_pipeline_status_t st = ces_loop_tick(p, now_ms, errstr, errstr_size);
     if (st != CES_PIPELINE_OK)
         return st;
     /* A full batch goes to PostgreSQL without waiting: the next one is read meanwhile. While
@@ -150,8 +206,7 @@ static ces_pipeline_status_t turn(ces_pipeline_t *p, loop_t *loop, int64_t now_m
         /* Nothing more will come: held transactions are complete, incomplete segment groups are
          * dead letters now, and everything is applied. */
         loop->ended = true;
-        if ((st = ces_release_drain(p, ces_clock_now_ms(), errstr, errstr_size)) !=
-            CES_PIPELINE_OK)
+        if ((st = drain(p, ces_clock_now_ms(), errstr, errstr_size)) != CES_PIPELINE_OK)
             return st;
         return ces_flight_flush(p, errstr, errstr_size);
     case CES_POLL_EOF:
@@ -214,6 +269,6 @@ ces_pipeline_status_t ces_pipeline_run(ces_pipeline_t *p, const ces_pipeline_hoo
     }
     /* Records read ahead and not taken in are read again after a restart, like anything not
      * committed; their handles go back to the feed now, before the feed goes. */
-    ces_intake_drop(p);
+    ces_staging_drop(p);
     return st;
 }

@@ -8,10 +8,17 @@
  * memory between a record and its commit, and with it the rule that a stored position never
  * passes a record not yet applied or dead-lettered (positions.h).
  *
- * The room's files: pipeline.c (this door, the partition table, rebalances), intake.c (staging,
- * decoding on several threads, reassembly, dead letters), release.c (when held transactions go,
- * streaming, pausing partitions to bound memory), flight.c (the batch in flight, commits,
- * rewinds), loop.c (the loop). pipeline_int.h is their private header.
+ * The room's files, bottom to top (no module calls one above it):
+ *   - partitions (the partition table), lateness (late events, torn transactions, the reorder
+ *     window's bet), staging (records read ahead, decoded on several threads), stream (a source
+ *     transaction streamed into one PostgreSQL transaction), and pipeline.c (this door: the
+ *     pipeline's life and stats), with state.h, the room's shared state;
+ *   - the stages: intake (records in: reassembly, dead letters, source gaps), release (when held
+ *     transactions go into the batch, when one is streamed, pausing partitions to bound memory),
+ *     flight (the batch in flight, commits, rewinds, opening a stream);
+ *   - loop.c (ces_pipeline_run: the loop, which calls the stages in turn) and rebalance.c (the
+ *     rebalance callbacks below, which do the same from inside the feed's poll).
+ * Each module has its own header; only this one is for the rest of the program.
  */
 #ifndef CES_PIPELINE_H
 #define CES_PIPELINE_H
@@ -107,8 +114,8 @@ typedef struct ces_pipeline_s ces_pipeline_t;
  * that never apply). NULL when out of memory. */
 ces_pipeline_t *ces_pipeline_new(const ces_pipeline_options_t *options, ces_decoder_t *decoder,
                                  ces_apply_t *apply);
-/* Frees pending work without applying it (released records are read again after a restart). Every
- * record the feed handed over is released first, so the feed may go after this. */
+/* Frees pending work without applying it (what was not committed is read again after a restart).
+ * Every record the feed handed over is given back first, so the feed may go after this. */
 void ces_pipeline_destroy(ces_pipeline_t *pipeline);
 
 /* Where records come from (copied). Set before ces_pipeline_run and before the consumer can call
