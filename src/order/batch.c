@@ -1,17 +1,15 @@
 #include "order/batch.h"
 
+#include "util/array.h"
+
 #include <stdlib.h>
 #include <string.h>
 
 ces_item_t *ces_batch_add(ces_batch_t *batch) {
-    if (batch->count == batch->capacity) {
-        size_t cap = batch->capacity ? batch->capacity * 2 : 256;
-        ces_item_t *items = realloc(batch->items, cap * sizeof(*items));
-        if (items == NULL)
-            return NULL;
-        batch->items = items;
-        batch->capacity = cap;
-    }
+    ces_item_t *items = CES_ARRAY_RESERVE(batch->items, batch->capacity, batch->count + 1, 256);
+    if (items == NULL)
+        return NULL;
+    batch->items = items;
     ces_item_t *item = &batch->items[batch->count++];
     memset(item, 0, sizeof(*item));
     return item;
@@ -39,27 +37,21 @@ int ces_batch_set_offset(ces_batch_t *batch, const ces_offset_update_t *update) 
             return 0;
         }
     }
-    if (batch->noffsets == batch->offsets_capacity) {
-        size_t cap = batch->offsets_capacity ? batch->offsets_capacity * 2 : 16;
-        ces_offset_update_t *o = realloc(batch->offsets, cap * sizeof(*o));
-        if (o == NULL)
-            return -1;
-        batch->offsets = o;
-        batch->offsets_capacity = cap;
-    }
+    ces_offset_update_t *o =
+        CES_ARRAY_RESERVE(batch->offsets, batch->offsets_capacity, batch->noffsets + 1, 16);
+    if (o == NULL)
+        return -1;
+    batch->offsets = o;
     batch->offsets[batch->noffsets++] = *update;
     return 0;
 }
 
 int ces_batch_add_gap(ces_batch_t *batch, const ces_source_gap_t *gap) {
-    if (batch->ngaps == batch->gaps_capacity) {
-        size_t cap = batch->gaps_capacity ? batch->gaps_capacity * 2 : 4;
-        ces_source_gap_t *gaps = realloc(batch->gaps, cap * sizeof(*gaps));
-        if (gaps == NULL)
-            return -1;
-        batch->gaps = gaps;
-        batch->gaps_capacity = cap;
-    }
+    ces_source_gap_t *gaps =
+        CES_ARRAY_RESERVE(batch->gaps, batch->gaps_capacity, batch->ngaps + 1, 4);
+    if (gaps == NULL)
+        return -1;
+    batch->gaps = gaps;
     batch->gaps[batch->ngaps++] = *gap;
     return 0;
 }

@@ -1,5 +1,7 @@
 #include "order/order.h"
 
+#include "util/array.h"
+
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -92,14 +94,10 @@ struct ces_order_s {
 };
 
 static int heap_push(heap_t *h, int64_t x) {
-    if (h->n == h->cap) {
-        size_t cap = h->cap ? h->cap * 2 : 64;
-        int64_t *v = realloc(h->v, cap * sizeof(*v));
-        if (v == NULL)
-            return -1;
-        h->v = v;
-        h->cap = cap;
-    }
+    int64_t *v = CES_ARRAY_RESERVE(h->v, h->cap, h->n + 1, 64);
+    if (v == NULL)
+        return -1;
+    h->v = v;
     size_t i = h->n++;
     while (i > 0 && h->v[(i - 1) / 2] > x) {
         h->v[i] = h->v[(i - 1) / 2];
@@ -136,14 +134,10 @@ static part_offsets_t *part_offsets(ces_order_t *o, const char *topic, int32_t p
     }
     if (!create)
         return NULL;
-    if (o->nparts == o->parts_capacity) {
-        size_t cap = o->parts_capacity ? o->parts_capacity * 2 : 8;
-        part_offsets_t *parts = realloc(o->parts, cap * sizeof(*parts));
-        if (parts == NULL)
-            return NULL;
-        o->parts = parts;
-        o->parts_capacity = cap;
-    }
+    part_offsets_t *parts = CES_ARRAY_RESERVE(o->parts, o->parts_capacity, o->nparts + 1, 8);
+    if (parts == NULL)
+        return NULL;
+    o->parts = parts;
     part_offsets_t *po = &o->parts[o->nparts];
     *po = (part_offsets_t){.topic = strdup(topic), .partition = partition};
     if (po->topic == NULL)
@@ -596,14 +590,10 @@ ces_order_status_t ces_order_add(ces_order_t *o, const ces_item_t *item) {
         ces_arena_destroy(item->arena);
         return CES_ORDER_DUPLICATE;
     }
-    if (t->count == t->capacity) {
-        size_t cap = t->capacity ? t->capacity * 2 : 8;
-        ces_item_t *items = realloc(t->items, cap * sizeof(*items));
-        if (items == NULL)
-            return CES_ORDER_NOMEM;
-        t->items = items;
-        t->capacity = cap;
-    }
+    ces_item_t *items = CES_ARRAY_RESERVE(t->items, t->capacity, t->count + 1, 8);
+    if (items == NULL)
+        return CES_ORDER_NOMEM;
+    t->items = items;
     if (above)
         t->max_sequence = pos->sequence;
     if (t->seq_cap > 0)

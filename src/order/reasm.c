@@ -1,5 +1,7 @@
 #include "order/reasm.h"
 
+#include "util/array.h"
+
 #include <stdint.h>
 
 #include <stdio.h>
@@ -209,14 +211,10 @@ ces_reasm_status_t ces_reasm_add(ces_reasm_t *r, const char *logicalid,
             return CES_REASM_HELD;
         }
     }
-    if (grp->g.count == grp->capacity) {
-        size_t cap = grp->capacity ? grp->capacity * 2 : 4;
-        ces_segment_t *s = realloc(grp->g.segments, cap * sizeof(*s));
-        if (s == NULL)
-            return CES_REASM_NOMEM;
-        grp->g.segments = s;
-        grp->capacity = cap;
-    }
+    ces_segment_t *s = CES_ARRAY_RESERVE(grp->g.segments, grp->capacity, grp->g.count + 1, 4);
+    if (s == NULL)
+        return CES_REASM_NOMEM;
+    grp->g.segments = s;
     grp->g.segments[grp->g.count++] = *seg;
     grp->bytes += seg->data_len;
     r->bytes += seg->data_len;
