@@ -1,13 +1,15 @@
-
 #include "conf/config.h"
 
 #include <ctype.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <libconfig.h>
+#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "conf/secret.h"
+#include "util/array.h"
 #include "util/log.h"
 
 typedef enum { KEY_STRING, KEY_INT, KEY_BOOL, KEY_STRING_LIST } key_type_t;
@@ -180,16 +182,13 @@ static char *expand_env(const char *in, const char *file, int line, const char *
         } else {
             p++;
         }
-        if (len + n + 1 > cap) {
-            cap = (len + n + 1) * 2;
-            char *bigger = realloc(out, cap);
-            if (bigger == NULL) {
-                free(out);
-                out = NULL;
-                break;
-            }
-            out = bigger;
+        char *bigger = CES_ARRAY_RESERVE(out, cap, len + n + 1, 1);
+        if (bigger == NULL) {
+            free(out);
+            out = NULL;
+            break;
         }
+        out = bigger;
         memcpy(out + len, add, n);
         len += n;
     }
@@ -322,18 +321,37 @@ static int parse_duration(const char *text, int64_t *seconds) {
     return -1;
 }
 
-static int line_of(config_t *cfg, const char *name);
-
-/* Semantic checks that go beyond one key's type. */
-static int validate(ces_config_t *c, config_t *cfg, const char *file, char *errstr,
-                    size_t errstr_size) {
-    ces_log_level_t level;
-    if (ces_log_level_parse(c->log_level, &level) != 0) {
-        config_setting_t *s = config_lookup(cfg, "log.level");
-        snprintf(errstr, errstr_size, "%s:%d: log.level must be one of error, warning, info, debug",
-                 file, s ? config_setting_source_line(s) : 0);
-        return -1;
+/* Line of a key in the file, or of its group, or 1: for error messages. */
+static int line_of(config_t *cfg, const char *name) {
+    config_setting_t *s = config_lookup(cfg, name);
+    if (s == NULL) {
+        char group[64];
+        snprintf(group, sizeof(group), "%.*s", (int)strcspn(name, "."), name);
+        s = config_lookup(cfg, group);
     }
+    return s ? config_setting_source_line(s) : 1;
+}
+
+/* Puts "FILE:LINE: " and the message in errstr, LINE being key's (line_of). Returns -1. */
+static int __attribute__((format(printf, 6, 7)))
+refuse(config_t *cfg, const char *file, const char *key, char *errstr, size_t errstr_size,
+       const char *fmt, ...) {
+    int n = snprintf(errstr, errstr_size, "%s:%d: ", file, line_of(cfg, key));
+    if (n >= 0 && (size_t)n < errstr_size) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(errstr + n, errstr_size - (size_t)n, fmt, ap);
+        va_end(ap);
+    }
+    return -1;
+}
+
+static bool one_of(const char *value, const char *a, const char *b) {
+    return strcmp(value, a) == 0 || strcmp(value, b) == 0;
+}
+
+static int validate_kafka(const ces_config_t *c, config_t *cfg, const char *file, char *errstr,
+                          size_t errstr_size) {
     for (size_t i = 0; i < c->kafka_properties.count; i++) {
         const char *p = c->kafka_properties.items[i];
         const char *eq = strchr(p, '=');
@@ -351,159 +369,98 @@ static int validate(ces_config_t *c, config_t *cfg, const char *file, char *errs
             return -1;
         }
     }
-    if (strcmp(c->kafka_format, "auto") != 0 && strcmp(c->kafka_format, "json") != 0 &&
-        strcmp(c->kafka_format, "avro") != 0) {
-        config_setting_t *s = config_lookup(cfg, "kafka.format");
-        snprintf(errstr, errstr_size, "%s:%d: kafka.format must be \"auto\", \"json\" or \"avro\"",
-                 file, s ? config_setting_source_line(s) : 0);
-        return -1;
-    }
-    if (strcmp(c->kafka_on_source_gap, "stop") != 0 &&
-        strcmp(c->kafka_on_source_gap, "continue") != 0) {
-        snprintf(errstr, errstr_size, "%s:%d: kafka.on_source_gap must be \"stop\" or \"continue\"",
-                 file, line_of(cfg, "kafka.on_source_gap"));
-        return -1;
-    }
-    if (strcmp(c->apply_ordering, "transaction") != 0 && strcmp(c->apply_ordering, "partition") != 0) {
-        config_setting_t *s = config_lookup(cfg, "apply.ordering");
-        snprintf(errstr, errstr_size, "%s:%d: apply.ordering must be \"transaction\" or \"partition\"",
-                 file, s ? config_setting_source_line(s) : 0);
-        return -1;
-    }
+    if (!one_of(c->kafka_format, "auto", "json") && strcmp(c->kafka_format, "avro") != 0)
+        return refuse(cfg, file, "kafka.format", errstr, errstr_size,
+                      "kafka.format must be \"auto\", \"json\" or \"avro\"");
+    if (!one_of(c->kafka_on_source_gap, "stop", "continue"))
+        return refuse(cfg, file, "kafka.on_source_gap", errstr, errstr_size,
+                      "kafka.on_source_gap must be \"stop\" or \"continue\"");
+    return 0;
+}
+
+static int validate_apply(ces_config_t *c, config_t *cfg, const char *file, char *errstr,
+                          size_t errstr_size) {
+    if (!one_of(c->apply_ordering, "transaction", "partition"))
+        return refuse(cfg, file, "apply.ordering", errstr, errstr_size,
+                      "apply.ordering must be \"transaction\" or \"partition\"");
     /* A window that starts above the default maximum may grow from there unless told otherwise. */
     bool max_given = config_lookup(cfg, "apply.reorder_window_max_ms") != NULL;
     if (!max_given && c->apply_reorder_window_max_ms < c->apply_reorder_window_ms)
         c->apply_reorder_window_max_ms = c->apply_reorder_window_ms;
-    if (c->apply_reorder_window_max_ms < c->apply_reorder_window_ms) {
-        snprintf(errstr, errstr_size,
-                 "%s:%d: apply.reorder_window_max_ms (%lld) is below apply.reorder_window_ms "
-                 "(%lld): the window starts at the one and grows up to the other",
-                 file, line_of(cfg, "apply.reorder_window_max_ms"),
-                 (long long)c->apply_reorder_window_max_ms, (long long)c->apply_reorder_window_ms);
-        return -1;
-    }
-    if (parse_duration(c->apply_tombstone_retention, &c->apply_tombstone_retention_s) != 0) {
-        config_setting_t *s = config_lookup(cfg, "apply.tombstone_retention");
-        snprintf(errstr, errstr_size,
-                 "%s:%d: apply.tombstone_retention must be a number and a unit, like \"8 days\" "
-                 "(seconds, minutes, hours, days)",
-                 file, s ? config_setting_source_line(s) : 0);
-        return -1;
-    }
-    if (c->apply_version_column[0] == '\0' || strlen(c->apply_version_column) > 63) {
-        config_setting_t *s = config_lookup(cfg, "apply.version_column");
-        snprintf(errstr, errstr_size, "%s:%d: apply.version_column must be 1 to 63 bytes", file,
-                 s ? config_setting_source_line(s) : 0);
-        return -1;
-    }
+    if (c->apply_reorder_window_max_ms < c->apply_reorder_window_ms)
+        return refuse(cfg, file, "apply.reorder_window_max_ms", errstr, errstr_size,
+                      "apply.reorder_window_max_ms (%lld) is below apply.reorder_window_ms "
+                      "(%lld): the window starts at the one and grows up to the other",
+                      (long long)c->apply_reorder_window_max_ms,
+                      (long long)c->apply_reorder_window_ms);
+    if (parse_duration(c->apply_tombstone_retention, &c->apply_tombstone_retention_s) != 0)
+        return refuse(cfg, file, "apply.tombstone_retention", errstr, errstr_size,
+                      "apply.tombstone_retention must be a number and a unit, like \"8 days\" "
+                      "(seconds, minutes, hours, days)");
+    if (c->apply_version_column[0] == '\0' || strlen(c->apply_version_column) > 63)
+        return refuse(cfg, file, "apply.version_column", errstr, errstr_size,
+                      "apply.version_column must be 1 to 63 bytes");
+    return 0;
+}
+
+static int validate_schema(const ces_config_t *c, config_t *cfg, const char *file, char *errstr,
+                           size_t errstr_size) {
     const char *dot = strchr(c->schema_target, '.');
-    if (dot == NULL || dot == c->schema_target || dot[1] == '\0' || strchr(dot + 1, '.') != NULL) {
-        config_setting_t *s = config_lookup(cfg, "schema.target");
-        snprintf(errstr, errstr_size,
-                 "%s:%d: schema.target must be SCHEMA.TABLE, each part text and {db}, {schema} or "
-                 "{table}, like \"{schema}.{table}\" or \"staging.{db}_{table}\"",
-                 file, s ? config_setting_source_line(s) : 0);
-        return -1;
-    }
+    if (dot == NULL || dot == c->schema_target || dot[1] == '\0' || strchr(dot + 1, '.') != NULL)
+        return refuse(cfg, file, "schema.target", errstr, errstr_size,
+                      "schema.target must be SCHEMA.TABLE, each part text and {db}, {schema} or "
+                      "{table}, like \"{schema}.{table}\" or \"staging.{db}_{table}\"");
     for (const char *p = c->schema_target; (p = strchr(p, '{')) != NULL; p++) {
         if (strncmp(p, "{db}", 4) != 0 && strncmp(p, "{schema}", 8) != 0 &&
-            strncmp(p, "{table}", 7) != 0) {
-            config_setting_t *s = config_lookup(cfg, "schema.target");
-            snprintf(errstr, errstr_size,
-                     "%s:%d: schema.target: unknown placeholder at '%.20s' (use {db}, {schema}, "
-                     "{table})",
-                     file, s ? config_setting_source_line(s) : 0, p);
-            return -1;
-        }
+            strncmp(p, "{table}", 7) != 0)
+            return refuse(cfg, file, "schema.target", errstr, errstr_size,
+                          "schema.target: unknown placeholder at '%.20s' (use {db}, {schema}, "
+                          "{table})",
+                          p);
     }
-    if (strcmp(c->schema_identifier_case, "lower") != 0 &&
-        strcmp(c->schema_identifier_case, "preserve") != 0) {
-        config_setting_t *s = config_lookup(cfg, "schema.identifier_case");
-        snprintf(errstr, errstr_size, "%s:%d: schema.identifier_case must be \"lower\" or \"preserve\"",
-                 file, s ? config_setting_source_line(s) : 0);
+    if (!one_of(c->schema_identifier_case, "lower", "preserve"))
+        return refuse(cfg, file, "schema.identifier_case", errstr, errstr_size,
+                      "schema.identifier_case must be \"lower\" or \"preserve\"");
+    return 0;
+}
+
+static int validate_http_listen(const ces_config_t *c, config_t *cfg, const char *file,
+                                char *errstr, size_t errstr_size) {
+    if (c->http_listen[0] == '\0')
+        return 0;
+    const char *colon = strrchr(c->http_listen, ':');
+    char *end = NULL;
+    long port = colon ? strtol(colon + 1, &end, 10) : -1;
+    if (colon == NULL || colon == c->http_listen || end == colon + 1 || *end != '\0' || port < 1 ||
+        port > 65535)
+        return refuse(cfg, file, "http.listen", errstr, errstr_size,
+                      "http.listen must be \"HOST:PORT\" (like \"127.0.0.1:9187\" or "
+                      "\"[::1]:9187\"), or \"\" for no HTTP server");
+    return 0;
+}
+
+/* Semantic checks that go beyond one key's type, in the order of the keys' groups (the first
+ * failure is reported). */
+static int validate(ces_config_t *c, config_t *cfg, const char *file, char *errstr,
+                    size_t errstr_size) {
+    ces_log_level_t level;
+    if (ces_log_level_parse(c->log_level, &level) != 0)
+        return refuse(cfg, file, "log.level", errstr, errstr_size,
+                      "log.level must be one of error, warning, info, debug");
+    if (validate_kafka(c, cfg, file, errstr, errstr_size) != 0 ||
+        validate_apply(c, cfg, file, errstr, errstr_size) != 0 ||
+        validate_schema(c, cfg, file, errstr, errstr_size) != 0)
         return -1;
-    }
-    if (strcmp(c->log_format, "text") != 0 && strcmp(c->log_format, "json") != 0) {
-        snprintf(errstr, errstr_size, "%s:%d: log.format must be \"text\" or \"json\"", file,
-                 line_of(cfg, "log.format"));
+    if (!one_of(c->log_format, "text", "json"))
+        return refuse(cfg, file, "log.format", errstr, errstr_size,
+                      "log.format must be \"text\" or \"json\"");
+    if (validate_http_listen(c, cfg, file, errstr, errstr_size) != 0)
         return -1;
-    }
-    if (c->http_listen[0] != '\0') {
-        const char *colon = strrchr(c->http_listen, ':');
-        char *end = NULL;
-        long port = colon ? strtol(colon + 1, &end, 10) : -1;
-        if (colon == NULL || colon == c->http_listen || end == colon + 1 || *end != '\0' ||
-            port < 1 || port > 65535) {
-            snprintf(errstr, errstr_size,
-                     "%s:%d: http.listen must be \"HOST:PORT\" (like \"127.0.0.1:9187\" or "
-                     "\"[::1]:9187\"), or \"\" for no HTTP server",
-                     file, line_of(cfg, "http.listen"));
-            return -1;
-        }
-    }
     if (c->schema_metadata[0] == '\0') {
         snprintf(errstr, errstr_size, "%s: schema.metadata_schema must not be empty", file);
         return -1;
     }
     return 0;
-}
-
-/* Line of a key in the file, or of its group, or 1: for error messages. */
-static int line_of(config_t *cfg, const char *name) {
-    config_setting_t *s = config_lookup(cfg, name);
-    if (s == NULL) {
-        char group[64];
-        snprintf(group, sizeof(group), "%.*s", (int)strcspn(name, "."), name);
-        s = config_lookup(cfg, group);
-    }
-    return s ? config_setting_source_line(s) : 1;
-}
-
-/* Reads a secret from a file: its content without surrounding white space. A relative path is
- * looked up in $CREDENTIALS_DIRECTORY when that is set (systemd's LoadCredential=). Errors never
- * quote the content. Returns a new string or NULL with errstr set. */
-static char *read_secret_file(const char *file, int line, const char *key, const char *secret_path,
-                              char *errstr, size_t errstr_size) {
-    enum { MAX_SECRET = 65536 };
-    char resolved[4096];
-    const char *creds = getenv("CREDENTIALS_DIRECTORY");
-    if (secret_path[0] != '/' && creds != NULL && creds[0] != '\0') {
-        snprintf(resolved, sizeof(resolved), "%s/%s", creds, secret_path);
-        secret_path = resolved;
-    }
-    FILE *f = fopen(secret_path, "r");
-    if (f == NULL) {
-        snprintf(errstr, errstr_size, "%s:%d: %s: cannot read '%s': %s", file, line, key,
-                 secret_path, strerror(errno));
-        return NULL;
-    }
-    char *buf = malloc(MAX_SECRET + 1);
-    size_t len = buf ? fread(buf, 1, MAX_SECRET + 1, f) : 0;
-    bool failed = buf == NULL || ferror(f);
-    fclose(f);
-    if (failed || len > MAX_SECRET) {
-        snprintf(errstr, errstr_size, "%s:%d: %s: '%s' %s", file, line, key, secret_path,
-                 buf == NULL ? "cannot be read: out of memory"
-                 : failed    ? "cannot be read"
-                             : "is too large for a secret");
-        if (buf != NULL)
-            explicit_bzero(buf, len);
-        free(buf);
-        return NULL;
-    }
-    size_t start = 0;
-    while (start < len && isspace((unsigned char)buf[start]))
-        start++;
-    while (len > start && isspace((unsigned char)buf[len - 1]))
-        len--;
-    memmove(buf, buf + start, len - start);
-    buf[len - start] = '\0';
-    if (buf[0] == '\0') {
-        snprintf(errstr, errstr_size, "%s:%d: %s: '%s' is empty", file, line, key, secret_path);
-        free(buf);
-        return NULL;
-    }
-    return buf;
 }
 
 /* postgres.password_file: the password, one line without control characters. */
@@ -512,55 +469,18 @@ static int settle_postgres_password(ces_config_t *c, config_t *cfg, const char *
     if (c->pg_password_file == NULL)
         return 0;
     int line = line_of(cfg, "postgres.password_file");
-    c->pg_password = read_secret_file(file, line, "postgres.password_file", c->pg_password_file,
+    c->pg_password = ces_secret_read_file(file, line, "postgres.password_file", c->pg_password_file,
                                       errstr, errstr_size);
     if (c->pg_password == NULL)
         return -1;
-    for (const char *p = c->pg_password; *p != '\0'; p++) {
-        if (iscntrl((unsigned char)*p)) {
-            snprintf(errstr, errstr_size,
-                     "%s:%d: postgres.password_file: the password must be one line without control "
-                     "characters (the value is not shown)",
-                     file, line);
-            return -1;
-        }
+    if (!ces_secret_one_line(c->pg_password)) {
+        snprintf(errstr, errstr_size,
+                 "%s:%d: postgres.password_file: the password must be one line without control "
+                 "characters (the value is not shown)",
+                 file, line);
+        return -1;
     }
     return 0;
-}
-
-/* The Event Hubs namespace host of a connection string's Endpoint=sb://HOST/ part, copied into
- * host. Returns 0, or -1 when there is no usable Endpoint. */
-static int eventhubs_endpoint_host(const char *conn, char *host, size_t host_size) {
-    const char *p = conn;
-    while (*p != '\0') {
-        size_t len = strcspn(p, ";");
-        static const char key[] = "endpoint=";
-        if (len > sizeof(key) - 1 && strncasecmp(p, key, sizeof(key) - 1) == 0) {
-            const char *v = p + sizeof(key) - 1, *end = p + len;
-            while (v < end && isspace((unsigned char)*v))
-                v++;
-            const char *scheme = strstr(v, "://");
-            if (scheme == NULL || scheme >= end)
-                return -1;
-            v = scheme + 3;
-            size_t n = 0;
-            while (v + n < end && v[n] != '/')
-                n++;
-            if (n == 0 || n >= host_size)
-                return -1;
-            for (size_t i = 0; i < n; i++) {
-                if (!isalnum((unsigned char)v[i]) && v[i] != '.' && v[i] != '-' && v[i] != ':')
-                    return -1;
-            }
-            memcpy(host, v, n);
-            host[n] = '\0';
-            return 0;
-        }
-        p += len;
-        if (*p == ';')
-            p++;
-    }
-    return -1;
 }
 
 /* Static group membership: the key, else $CES2PG_GROUP_INSTANCE_ID (which the systemd unit and the
@@ -607,7 +527,7 @@ static int settle_kafka_security(ces_config_t *c, config_t *cfg, const char *fil
             return -1;
         }
         c->kafka_eventhubs_connection_string =
-            read_secret_file(file, line, "kafka.eventhubs_connection_string_file",
+            ces_secret_read_file(file, line, "kafka.eventhubs_connection_string_file",
                              c->kafka_eventhubs_connection_string_file, errstr, errstr_size);
         if (c->kafka_eventhubs_connection_string == NULL)
             return -1;
@@ -619,21 +539,19 @@ static int settle_kafka_security(ces_config_t *c, config_t *cfg, const char *fil
                               : "kafka.eventhubs_connection_string";
         int line = line_of(cfg, key);
         char host[256];
-        if (eventhubs_endpoint_host(conn, host, sizeof(host)) != 0) {
+        if (ces_secret_eventhubs_host(conn, host, sizeof(host)) != 0) {
             snprintf(errstr, errstr_size,
                      "%s:%d: %s: not an Event Hubs connection string: no "
                      "Endpoint=sb://NAMESPACE.servicebus.windows.net/ part (the value is not shown)",
                      file, line, key);
             return -1;
         }
-        for (const char *p = conn; *p != '\0'; p++) {
-            if (iscntrl((unsigned char)*p)) {
-                snprintf(errstr, errstr_size,
-                         "%s:%d: %s: the connection string must be one line without control "
-                         "characters (the value is not shown)",
-                         file, line, key);
-                return -1;
-            }
+        if (!ces_secret_one_line(conn)) {
+            snprintf(errstr, errstr_size,
+                     "%s:%d: %s: the connection string must be one line without control "
+                     "characters (the value is not shown)",
+                     file, line, key);
+            return -1;
         }
         if (c->kafka_brokers == NULL) {
             size_t n = strlen(host) + sizeof(":9093");
@@ -654,6 +572,64 @@ static int settle_kafka_security(ces_config_t *c, config_t *cfg, const char *fil
             return -1;
         }
         fclose(f);
+    }
+    return 0;
+}
+
+/* Walks what the file has, so that every unknown key is caught, and fills c from it. Returns 0,
+ * or -1 with errstr set. */
+static int read_settings(ces_config_t *c, config_t *cfg, const char *path, char *errstr,
+                         size_t errstr_size) {
+    config_setting_t *root = config_root_setting(cfg);
+    for (int g = 0; g < config_setting_length(root); g++) {
+        config_setting_t *group = config_setting_get_elem(root, (unsigned)g);
+        const char *gname = config_setting_name(group);
+        int gline = config_setting_source_line(group);
+        if (!group_known(gname)) {
+            snprintf(errstr, errstr_size, "%s:%d: unknown key '%s'", path, gline, gname);
+            return -1;
+        }
+        if (config_setting_type(group) != CONFIG_TYPE_GROUP) {
+            snprintf(errstr, errstr_size, "%s:%d: '%s' must be a group: %s = { ... };", path, gline,
+                     gname, gname);
+            return -1;
+        }
+        for (int k = 0; k < config_setting_length(group); k++) {
+            config_setting_t *s = config_setting_get_elem(group, (unsigned)k);
+            char full[256];
+            snprintf(full, sizeof(full), "%s.%s", gname, config_setting_name(s));
+            const key_t_ *key = find_key(full);
+            if (key == NULL) {
+                snprintf(errstr, errstr_size, "%s:%d: unknown key '%s'", path,
+                         config_setting_source_line(s), full);
+                return -1;
+            }
+            if (set_from_setting(c, key, s, path, errstr, errstr_size) != 0)
+                return -1;
+        }
+    }
+    return 0;
+}
+
+/* Every key mode requires is in the file. Returns 0, or -1 with errstr set. */
+static int check_required(config_t *cfg, ces_config_mode_t mode, const char *path, char *errstr,
+                          size_t errstr_size) {
+    for (size_t i = 0; i < NKEYS; i++) {
+        bool required = mode == CES_CONFIG_DAEMON ? keys[i].required_for_daemon
+                                                  : keys[i].required_for_replay;
+        /* Event Hubs mode derives kafka.brokers from the connection string. */
+        bool brokers = strcmp(keys[i].name, "kafka.brokers") == 0;
+        if (brokers && (config_lookup(cfg, "kafka.eventhubs_connection_string") != NULL ||
+                        config_lookup(cfg, "kafka.eventhubs_connection_string_file") != NULL))
+            required = false;
+        if (required && config_lookup(cfg, keys[i].name) == NULL) {
+            /* Point at the group that lacks the key, or at the top of the file. */
+            snprintf(errstr, errstr_size, "%s:%d: missing required key '%s'%s", path,
+                     line_of(cfg, keys[i].name), keys[i].name,
+                     brokers ? " (or kafka.eventhubs_connection_string, from which it is derived)"
+                             : "");
+            return -1;
+        }
     }
     return 0;
 }
@@ -685,63 +661,16 @@ ces_config_status_t ces_config_load(const char *path, ces_config_mode_t mode, ce
         goto done;
     }
 
-    /* Walk what the file has, so that every unknown key is caught, then fill the table. */
-    config_setting_t *root = config_root_setting(&cfg);
-    for (int g = 0; g < config_setting_length(root); g++) {
-        config_setting_t *group = config_setting_get_elem(root, (unsigned)g);
-        const char *gname = config_setting_name(group);
-        int gline = config_setting_source_line(group);
-        if (!group_known(gname)) {
-            snprintf(errstr, errstr_size, "%s:%d: unknown key '%s'", path, gline, gname);
-            goto done;
-        }
-        if (config_setting_type(group) != CONFIG_TYPE_GROUP) {
-            snprintf(errstr, errstr_size, "%s:%d: '%s' must be a group: %s = { ... };", path, gline,
-                     gname, gname);
-            goto done;
-        }
-        for (int k = 0; k < config_setting_length(group); k++) {
-            config_setting_t *s = config_setting_get_elem(group, (unsigned)k);
-            char full[256];
-            snprintf(full, sizeof(full), "%s.%s", gname, config_setting_name(s));
-            const key_t_ *key = find_key(full);
-            if (key == NULL) {
-                snprintf(errstr, errstr_size, "%s:%d: unknown key '%s'", path,
-                         config_setting_source_line(s), full);
-                goto done;
-            }
-            if (set_from_setting(c, key, s, path, errstr, errstr_size) != 0)
-                goto done;
-        }
-    }
-    for (size_t i = 0; i < NKEYS; i++) {
-        bool required = mode == CES_CONFIG_DAEMON ? keys[i].required_for_daemon
-                                                  : keys[i].required_for_replay;
-        /* Event Hubs mode derives kafka.brokers from the connection string. */
-        bool brokers = strcmp(keys[i].name, "kafka.brokers") == 0;
-        if (brokers && (config_lookup(&cfg, "kafka.eventhubs_connection_string") != NULL ||
-                        config_lookup(&cfg, "kafka.eventhubs_connection_string_file") != NULL))
-            required = false;
-        if (required && config_lookup(&cfg, keys[i].name) == NULL) {
-            /* Point at the group that lacks the key, or at the top of the file. */
-            char group[64];
-            snprintf(group, sizeof(group), "%.*s", (int)strcspn(keys[i].name, "."), keys[i].name);
-            config_setting_t *g = config_lookup(&cfg, group);
-            snprintf(errstr, errstr_size, "%s:%d: missing required key '%s'%s", path,
-                     g ? config_setting_source_line(g) : 1, keys[i].name,
-                     brokers ? " (or kafka.eventhubs_connection_string, from which it is derived)"
-                             : "");
-            goto done;
-        }
-    }
+    if (read_settings(c, &cfg, path, errstr, errstr_size) != 0 ||
+        check_required(&cfg, mode, path, errstr, errstr_size) != 0)
+        goto done;
     if (settle_kafka_security(c, &cfg, path, errstr, errstr_size) != 0 ||
         settle_group_instance_id(c, path, errstr, errstr_size) != 0 ||
         settle_postgres_password(c, &cfg, path, errstr, errstr_size) != 0)
         goto done;
     if (mode == CES_CONFIG_DAEMON && c->kafka_topics.count == 0) {
-        config_setting_t *s = config_lookup(&cfg, "kafka.topics");
         snprintf(errstr, errstr_size, "%s:%d: kafka.topics must name at least one topic", path,
-                 s ? config_setting_source_line(s) : 1);
+                 line_of(&cfg, "kafka.topics"));
         goto done;
     }
     if (validate(c, &cfg, path, errstr, errstr_size) != 0)

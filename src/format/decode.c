@@ -7,6 +7,7 @@
 
 #include "format/avro.h"
 #include "format/json.h"
+#include "util/array.h"
 
 #define CES_EVENT_TYPE "com.microsoft.SQL.CES.DML.V1"
 #define ENVELOPE_IN_PLACE_MAX 16384
@@ -184,13 +185,10 @@ static ces_decode_status_t check_unique_keys(ces_decoder_t *d, const ces_json_t 
     size_t cap = 64;
     while (cap < obj->count * 2)
         cap *= 2;
-    if (cap > d->dup_capacity) {
-        uint32_t *t = realloc(d->dup_table, cap * sizeof(*t));
-        if (t == NULL)
-            return CES_DECODE_NOMEM;
-        d->dup_table = t;
-        d->dup_capacity = cap;
-    }
+    uint32_t *grown = CES_ARRAY_RESERVE(d->dup_table, d->dup_capacity, cap, 64);
+    if (grown == NULL)
+        return CES_DECODE_NOMEM;
+    d->dup_table = grown;
     uint32_t *table = d->dup_table; /* member index + 1; 0 = empty */
     memset(table, 0, cap * sizeof(*table));
     for (size_t i = 0; i < obj->count; i++) {
@@ -229,60 +227,100 @@ static ces_decode_status_t avro_status(ces_avro_status_t st) {
                              : st == CES_AVRO_NOMEM ? CES_DECODE_NOMEM : CES_DECODE_REJECTED;
 }
 
-ces_decode_status_t ces_decode_envelope(ces_decoder_t *decoder, ces_arena_t *arena,
-                                        const void *record, size_t len, ces_envelope_t *envelope,
-                                        char *errstr, size_t errstr_size) {
-    memset(envelope, 0, sizeof(*envelope));
+/* Parses a JSON CloudEvent: a small record in place from the arena's copy, since its twenty-odd
+ * names and values then need no copies of their own, which cost more than the one copy; a large
+ * record (its size is its data) from the caller's bytes, since a copy would save nothing and only
+ * double the decoding arena's memory. */
+static ces_decode_status_t parse_json_envelope(ces_decoder_t *decoder, ces_arena_t *arena,
+                                               const void *record, size_t len,
+                                               const ces_json_t **root, char *errstr,
+                                               size_t errstr_size) {
+    char jerr[256];
+    if (len <= ENVELOPE_IN_PLACE_MAX) {
+        char *text = ces_arena_alloc(arena, len);
+        if (text == NULL)
+            return CES_DECODE_NOMEM;
+        memcpy(text, record, len);
+        *root = ces_json_parse_in_place(decoder->parser, arena, text, len, &decoder->json_limits,
+                                        jerr, sizeof(jerr));
+    } else {
+        *root = ces_json_parse(decoder->parser, arena, record, len, &decoder->json_limits, jerr,
+                               sizeof(jerr));
+    }
+    if (*root == NULL) {
+        if (strcmp(jerr, "out of memory") == 0)
+            return CES_DECODE_NOMEM;
+        REJECT("envelope: %s", jerr);
+    }
+    if ((*root)->type != CES_JSON_OBJECT)
+        REJECT("envelope: a CloudEvent must be a JSON object, not %s",
+               ces_json_type_name((*root)->type));
+    return check_unique_keys(decoder, *root, "envelope", errstr, errstr_size);
+}
+
+/* The envelope's tree, from JSON or Avro as kafka.format and the record's first bytes say. */
+static ces_decode_status_t read_envelope(ces_decoder_t *decoder, ces_arena_t *arena,
+                                         const void *record, size_t len, ces_envelope_t *envelope,
+                                         const ces_json_t **root, char *errstr,
+                                         size_t errstr_size) {
     if (len == 0)
         REJECT("empty record");
     if (len > decoder->limits.max_record_bytes)
         REJECT("record of %zu bytes exceeds the limit of %zu bytes (decode.max_record_bytes)", len,
                decoder->limits.max_record_bytes);
-    const unsigned char *bytes = record;
-    bool json = looks_like_json(bytes, len);
-    const ces_json_t *root;
+    bool json = looks_like_json(record, len);
     if (decoder->limits.format == CES_FORMAT_JSON && !json)
         REJECT("record does not start with '{': not a JSON CloudEvent (kafka.format is \"json\")");
-    if (decoder->limits.format == CES_FORMAT_AVRO || !json) {
-        char aerr[400];
-        ces_avro_status_t st =
-            ces_avro_read_envelope(decoder->avro, arena, record, len, &root, aerr, sizeof(aerr));
-        if (st == CES_AVRO_INVALID) {
-            if (decoder->limits.format == CES_FORMAT_AUTO && !ces_avro_is_container(record, len))
-                REJECT("record is not JSON (no '{'), and as Avro: %s", aerr);
-            REJECT("%s", aerr);
-        }
-        if (st != CES_AVRO_OK)
-            return avro_status(st);
-        envelope->avro = true;
-    } else {
-        char jerr[256];
-        /* A small record is parsed in place from the arena's copy: its twenty-odd names and
-         * values then need no copies of their own, which cost more than the one copy (1,700
-         * instructions less per 1.3 KB record). A large record's size is its data, whose copy
-         * saves nothing measurable (290 KB events: the same speed) and would only double the
-         * decoding arena's memory. */
-        if (len <= ENVELOPE_IN_PLACE_MAX) {
-            char *text = ces_arena_alloc(arena, len);
-            if (text == NULL)
-                return CES_DECODE_NOMEM;
-            memcpy(text, record, len);
-            root = ces_json_parse_in_place(decoder->parser, arena, text, len,
-                                           &decoder->json_limits, jerr, sizeof(jerr));
-        } else {
-            root = ces_json_parse(decoder->parser, arena, record, len, &decoder->json_limits, jerr,
-                                  sizeof(jerr));
-        }
-        if (root == NULL) {
-            if (strcmp(jerr, "out of memory") == 0)
-                return CES_DECODE_NOMEM;
-            REJECT("envelope: %s", jerr);
-        }
-        if (root->type != CES_JSON_OBJECT)
-            REJECT("envelope: a CloudEvent must be a JSON object, not %s",
-                   ces_json_type_name(root->type));
-        TRY(check_unique_keys(decoder, root, "envelope", errstr, errstr_size));
+    if (decoder->limits.format != CES_FORMAT_AVRO && json)
+        return parse_json_envelope(decoder, arena, record, len, root, errstr, errstr_size);
+    char aerr[400];
+    ces_avro_status_t st =
+        ces_avro_read_envelope(decoder->avro, arena, record, len, root, aerr, sizeof(aerr));
+    if (st == CES_AVRO_INVALID) {
+        if (decoder->limits.format == CES_FORMAT_AUTO && !ces_avro_is_container(record, len))
+            REJECT("record is not JSON (no '{'), and as Avro: %s", aerr);
+        REJECT("%s", aerr);
     }
+    if (st != CES_AVRO_OK)
+        return avro_status(st);
+    envelope->avro = true;
+    return CES_DECODE_OK;
+}
+
+/* Which segment of its event the record is: segmentindex and finalsegment, or the legacy
+ * splitindex and splittotalcnt. */
+static ces_decode_status_t decode_segment(const ces_json_t *root, ces_envelope_t *envelope,
+                                          char *errstr, size_t errstr_size) {
+    if (ces_json_get(root, "segmentindex") != NULL || ces_json_get(root, "finalsegment") != NULL) {
+        TRY(get_int(root, "envelope", "segmentindex", &envelope->index, errstr, errstr_size));
+        TRY(get_bool(root, "envelope", "finalsegment", &envelope->final_segment, errstr,
+                     errstr_size));
+        if (envelope->index < 0)
+            REJECT("envelope: negative segmentindex %lld", (long long)envelope->index);
+        envelope->split_total = -1;
+        return CES_DECODE_OK;
+    }
+    if (ces_json_get(root, "splitindex") == NULL && ces_json_get(root, "splittotalcnt") == NULL)
+        REJECT("envelope: missing required attribute 'segmentindex' (or legacy 'splitindex')");
+    envelope->legacy = true;
+    TRY(get_int(root, "envelope", "splitindex", &envelope->index, errstr, errstr_size));
+    TRY(get_int(root, "envelope", "splittotalcnt", &envelope->split_total, errstr, errstr_size));
+    if (envelope->index < 0 || envelope->split_total < 0 ||
+        (envelope->split_total > 0 && envelope->index >= envelope->split_total) ||
+        (envelope->split_total == 0 && envelope->index != 0))
+        REJECT("envelope: inconsistent splitindex %lld / splittotalcnt %lld",
+               (long long)envelope->index, (long long)envelope->split_total);
+    envelope->final_segment =
+        envelope->split_total == 0 || envelope->index == envelope->split_total - 1;
+    return CES_DECODE_OK;
+}
+
+ces_decode_status_t ces_decode_envelope(ces_decoder_t *decoder, ces_arena_t *arena,
+                                        const void *record, size_t len, ces_envelope_t *envelope,
+                                        char *errstr, size_t errstr_size) {
+    memset(envelope, 0, sizeof(*envelope));
+    const ces_json_t *root;
+    TRY(read_envelope(decoder, arena, record, len, envelope, &root, errstr, errstr_size));
 
     const char *specversion, *type, *operation;
     TRY(get_string(root, "envelope", "specversion", true, &specversion, errstr, errstr_size));
@@ -303,30 +341,7 @@ ces_decode_status_t ces_decode_envelope(ces_decoder_t *decoder, ces_arena_t *are
         envelope->op = CES_OP_DELETE;
     else
         REJECT("envelope: unknown operation '%.40s' (expected INS, UPD or DEL)", operation);
-
-    if (ces_json_get(root, "segmentindex") != NULL || ces_json_get(root, "finalsegment") != NULL) {
-        TRY(get_int(root, "envelope", "segmentindex", &envelope->index, errstr, errstr_size));
-        TRY(get_bool(root, "envelope", "finalsegment", &envelope->final_segment, errstr,
-                     errstr_size));
-        if (envelope->index < 0)
-            REJECT("envelope: negative segmentindex %lld", (long long)envelope->index);
-        envelope->split_total = -1;
-    } else if (ces_json_get(root, "splitindex") != NULL ||
-               ces_json_get(root, "splittotalcnt") != NULL) {
-        envelope->legacy = true;
-        TRY(get_int(root, "envelope", "splitindex", &envelope->index, errstr, errstr_size));
-        TRY(get_int(root, "envelope", "splittotalcnt", &envelope->split_total, errstr,
-                    errstr_size));
-        if (envelope->index < 0 || envelope->split_total < 0 ||
-            (envelope->split_total > 0 && envelope->index >= envelope->split_total) ||
-            (envelope->split_total == 0 && envelope->index != 0))
-            REJECT("envelope: inconsistent splitindex %lld / splittotalcnt %lld",
-                   (long long)envelope->index, (long long)envelope->split_total);
-        envelope->final_segment =
-            envelope->split_total == 0 || envelope->index == envelope->split_total - 1;
-    } else {
-        REJECT("envelope: missing required attribute 'segmentindex' (or legacy 'splitindex')");
-    }
+    TRY(decode_segment(root, envelope, errstr, errstr_size));
 
     const ces_json_t *data = ces_json_get(root, "data");
     if (data == NULL)

@@ -104,10 +104,9 @@ static size_t put_decimal(char *out, uint64_t v, size_t width) {
 
 void ces_version_format(const ces_position_t *p, char *buf, size_t size) {
     /* 80 bits of LSN in decimal (at most 25 digits), then the sequence number in 20 digits with
-     * leading zeros (2^64 - 1 has 20). Formatted by hand: this runs for every row change, and
-     * snprintf's "%020llu" cost about as much as all of the statement's other parameters. The
-     * LSN is split once into 64-bit halves (below and above 10^19), so that each digit costs a
-     * 64-bit division, not a 128-bit one. */
+     * leading zeros (2^64 - 1 has 20). Formatted by hand, not with snprintf: this runs for every
+     * row change. The LSN is split once into 64-bit halves (below and above 10^19), so that each
+     * digit costs a 64-bit division, not a 128-bit one. */
     __extension__ typedef unsigned __int128 u128;
     const uint64_t ten19 = 10000000000000000000ULL;
     u128 lsn = ((u128)p->commit_lsn.high << 48) | p->commit_lsn.low;

@@ -6,6 +6,8 @@
 #include <string.h>
 #include <yajl/yajl_parse.h>
 
+#include "util/array.h"
+
 /*
  * The tree is built from yajl's callback parser (its own tree parser leaks on some malformed
  * input). Every limit is checked in the callbacks, so a hostile text is refused as soon as it
@@ -21,7 +23,7 @@
  *
  * Each parse needs a yajl handle, and yajl allocates it and its buffers afresh (it has no reset).
  * Those allocations come from a small pool kept by the parser, which makes a handle cost almost
- * nothing: three parses per CES record made malloc a visible part of decoding.
+ * nothing: a CES record takes three parses, and malloc must not be part of each.
  */
 
 /* The pool: small yajl allocations are carved from one reused block and freed all at once after
@@ -170,14 +172,12 @@ static __attribute__((noinline)) ces_json_t *grow_container(ces_json_parser_t *p
         fail(p, "too many members in one JSON object or array");
         return NULL;
     }
-    size_t cap = f->capacity ? f->capacity * 2 : 16;
-    ces_json_member_t *m = realloc(f->members, cap * sizeof(*m));
+    ces_json_member_t *m = CES_ARRAY_RESERVE(f->members, f->capacity, f->count + 1, 16);
     if (m == NULL) {
         fail(p, "out of memory");
         return NULL;
     }
     f->members = m;
-    f->capacity = cap;
     m = &f->members[f->count++];
     m->key = f->pending_key;
     m->key_len = f->pending_key_len;
@@ -279,13 +279,13 @@ static int open_container(ces_json_parser_t *p, ces_json_type_t type) {
     if (p->depth >= p->limits->max_depth)
         return fail(p, "JSON nested too deeply");
     if (p->depth == p->frame_capacity) {
-        size_t cap = p->frame_capacity ? p->frame_capacity * 2 : 8;
-        frame_t *frames = realloc(p->frames, cap * sizeof(*frames));
+        size_t old = p->frame_capacity;
+        frame_t *frames = CES_ARRAY_RESERVE(p->frames, p->frame_capacity, p->depth + 1, 8);
         if (frames == NULL)
             return fail(p, "out of memory");
-        memset(frames + p->frame_capacity, 0, (cap - p->frame_capacity) * sizeof(*frames));
+        /* ces_json_parser_destroy frees every frame's members, used or not. */
+        memset(frames + old, 0, (p->frame_capacity - old) * sizeof(*frames));
         p->frames = frames;
-        p->frame_capacity = cap;
     }
     frame_t *f = &p->frames[p->depth++];
     f->type = type;

@@ -82,7 +82,7 @@ const ces_json_t *ces_json_parse(ces_json_parser_t *parser, ces_arena_t *arena, 
  * The same, for a text the caller gives up: strings that need no unescaping are not copied but
  * ended in place, their closing quote overwritten with NUL, and the tree points into text (which
  * must then outlive it, and is no longer the JSON it was). A record's JSON layers are parsed once
- * each, and copying every name and value out of them was a tenth of decoding.
+ * each, so their names and values need not be copied out of them.
  */
 const ces_json_t *ces_json_parse_in_place(ces_json_parser_t *parser, ces_arena_t *arena,
                                           char *text, size_t len, const ces_json_limits_t *limits,

@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "format/capfile.h"
+#include "util/array.h"
 #include "util/clock.h"
 #include "util/log.h"
 #include "util/map.h"
@@ -201,14 +202,10 @@ typedef struct {
 } pathlist_t;
 
 static int pathlist_add(pathlist_t *l, const char *path) {
-    if (l->n == l->cap) {
-        size_t cap = l->cap ? l->cap * 2 : 64;
-        char **bigger = realloc(l->paths, cap * sizeof(*bigger));
-        if (bigger == NULL)
-            return -1;
-        l->paths = bigger;
-        l->cap = cap;
-    }
+    char **bigger = CES_ARRAY_RESERVE(l->paths, l->cap, l->n + 1, 64);
+    if (bigger == NULL)
+        return -1;
+    l->paths = bigger;
     return (l->paths[l->n++] = strdup(path)) == NULL ? -1 : 0;
 }
 
@@ -276,14 +273,10 @@ static part_t *partition_of(ces_capture_t *c, const char *topic, int32_t id) {
 
 /* Makes room for one more file in *files (n used of *cap). Returns 0, or -1 when out of memory. */
 static int room_for_one(cfile_t ***files, size_t n, size_t *cap) {
-    if (n < *cap)
-        return 0;
-    size_t bigger_cap = *cap ? *cap * 2 : 16;
-    cfile_t **bigger = realloc(*files, bigger_cap * sizeof(*bigger));
+    cfile_t **bigger = CES_ARRAY_RESERVE(*files, *cap, n + 1, 16);
     if (bigger == NULL)
         return -1;
     *files = bigger;
-    *cap = bigger_cap;
     return 0;
 }
 

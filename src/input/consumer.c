@@ -1,44 +1,20 @@
 #include "input/consumer.h"
 
 #include <librdkafka/rdkafka.h>
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "conf/secret.h"
+#include "input/kafkaconf.h"
+#include "input/kafkaerr.h"
+#include "input/nudger.h"
 #include "util/log.h"
-
-/* librdkafka before 2.1 stops fetching once the consumer queue holds queued.min.messages or
- * queued.max.messages.kbytes, and looks again only when the broker's thread wakes up: after up to
- * a second when no request is in flight (librdkafka issue #2879, fixed in 2.1 by
- * fetch.queue.backoff.ms, whose default still waits a second). With a prefetch small enough to
- * bound memory that second was most of the run (bench/run insert: 12.7 s instead of 3.3 s). A
- * resumed partition waits the same way: pausing to bound memory under a backlog stalled bench/run
- * mixed for seconds in some runs. Any request to a broker wakes its thread, which then decides
- * again what to fetch; the cheapest the public API sends to every leader at once is a ListOffsets
- * (rd_kafka_offsets_for_times). So when the queue has filled up and drained to half again, or a
- * partition is resumed, this thread sends one. It runs with every librdkafka version: one code
- * path. */
-typedef struct {
-    pthread_t thread;
-    pthread_mutex_t lock;
-    pthread_cond_t cond;
-    bool running;
-    bool wanted; /* under lock */
-    bool stop;   /* under lock */
-} nudger_t;
 
 struct ces_consumer_s {
     rd_kafka_t *rk;
-    rd_kafka_queue_t *queue; /* the consumer queue, for its length */
-    /* The prefetch limits in force (librdkafka's, after kafka.properties), and what the queue is
-     * estimated to hold from its length and the running mean of record sizes. */
-    int64_t queue_max_messages;
-    int64_t queue_max_bytes;
-    int64_t mean_len;
-    bool queue_filled; /* reached the limits since the last nudge */
-    uint64_t wakeups;
-    nudger_t nudger;
+    rd_kafka_queue_t *queue; /* the consumer queue, for the nudger */
+    ces_nudger_t *nudger;    /* NULL when it could not start */
     ces_consumer_callbacks_t callbacks;
     size_t assigned;
     bool joined; /* a first assignment arrived */
@@ -48,60 +24,6 @@ struct ces_consumer_s {
     char *secrets[2];
     char eof_topic[256];
     char failure[512];
-};
-
-/* Properties ces2pg sets itself; the user sets them through dedicated keys or not at all. */
-static const char *const reserved[] = {"group.id", "enable.auto.offset.store", "bootstrap.servers",
-                                       "group.instance.id"};
-
-/* Defaults ces2pg chooses; each may be overridden through kafka.properties. */
-static const char *const defaults[][2] = {
-    {"auto.offset.reset", "earliest"},
-    {"enable.auto.commit", "true"},
-    /* librdkafka hands over one partition's fetch at a time, and in transaction order nothing is
-     * released until every partition has delivered past a transaction: with 1 MB fetches (about
-     * 3,500 lz4-compressed events) the orderer held a partition's chunk per partition and hit
-     * apply.max_pending_events, pausing partitions again and again. 256 KB took bench/run insert
-     * from 6.5 s to 4.0 s (4 partitions). A batch larger than this is still fetched whole. */
-    {"max.partition.fetch.bytes", "262144"},
-    /* Under a backlog librdkafka's prefetch was most of ces2pg's memory (150 MB of the insert
-     * benchmark's 155 MB peak with its defaults of 100,000 messages or 64 MB). These bound it to
-     * about 8 MB; with the nudger below, throughput is what it was with the defaults. */
-    {"queued.min.messages", "2000"},
-    {"queued.max.messages.kbytes", "8192"},
-    /* A join or a leave moves only the partitions that change owner: the others keep fetching,
-     * and what is held for them in memory stays (pipeline.c drops only a revoked partition's). */
-    {"partition.assignment.strategy", "cooperative-sticky"},
-    /* A member that vanished (kill -9, a lost host) holds its partitions until its session times
-     * out: librdkafka's 45 s was a 45 s gap in replication for the whole group. 10 s, with
-     * heartbeats every 3 s, notices it sooner and rides out a pause of a few seconds. With
-     * static membership (kafka.group_instance_id) a restarted member gets its partitions back at
-     * once whatever this is. Event Hubs mode sets Microsoft's 30 s instead (below). */
-    {"session.timeout.ms", "10000"},
-    {"heartbeat.interval.ms", "3000"},
-};
-
-/* Event Hubs mode (kafka.eventhubs_connection_string): how the Kafka endpoint authenticates. */
-static const char *const eventhubs_security[][2] = {
-    {"security.protocol", "SASL_SSL"},
-    {"sasl.mechanisms", "PLAIN"},
-    {"sasl.username", "$ConnectionString"},
-};
-
-/* Microsoft's recommended client settings for Event Hubs (applied in Event Hubs mode); each may be
- * overridden through kafka.properties. Azure closes connections idle for 240 s. */
-static const char *const eventhubs_defaults[][2] = {
-    {"socket.keepalive.enable", "true"},  {"metadata.max.age.ms", "180000"},
-    {"connections.max.idle.ms", "180000"}, {"session.timeout.ms", "30000"},
-    {"heartbeat.interval.ms", "3000"},     {"max.poll.interval.ms", "300000"},
-};
-
-/* Set from kafka.eventhubs_connection_string; naming them in kafka.properties too is an error. */
-static const char *const eventhubs_reserved[] = {"sasl.username", "sasl.password"};
-
-/* Needed by ces2pg itself: the transaction orderer must know when a partition is caught up. */
-static const char *const forced[][2] = {
-    {"enable.partition.eof", "true"},
 };
 
 /* in, or a copy in out with every secret of c replaced by "(redacted)". */
@@ -134,21 +56,6 @@ static const char *redact(const ces_consumer_t *c, const char *in, char *out, si
     return out;
 }
 
-/* The SharedAccessKey=... value of an Event Hubs connection string (a new string), or NULL. */
-static char *shared_access_key(const char *conn) {
-    static const char key[] = "sharedaccesskey=";
-    for (const char *p = conn; *p != '\0';) {
-        size_t len = strcspn(p, ";");
-        /* At least 8 characters: redacting a short common string would garble the log. */
-        if (len >= sizeof(key) - 1 + 8 && strncasecmp(p, key, sizeof(key) - 1) == 0)
-            return strndup(p + sizeof(key) - 1, len - (sizeof(key) - 1));
-        p += len;
-        if (*p == ';')
-            p++;
-    }
-    return NULL;
-}
-
 static void log_cb(const rd_kafka_t *rk, int level, const char *fac, const char *buf) {
     char safe[4096];
     buf = redact(rd_kafka_opaque(rk), buf, safe, sizeof(safe));
@@ -160,172 +67,67 @@ static void log_cb(const rd_kafka_t *rk, int level, const char *fac, const char 
     ces_log(l, "kafka: %s: %s", fac, buf);
 }
 
-/* True when an SSL error is a network accident (a connection cut during the handshake) rather
- * than a problem with certificates or protocol that retrying cannot fix. */
-static bool ssl_error_is_transient(const char *reason) {
-    static const char *const transient[] = {"Disconnected", "unexpected eof", "reset by peer",
-                                            "Connection reset", "timed out", "SSL transport error"};
-    for (size_t i = 0; i < sizeof(transient) / sizeof(transient[0]); i++) {
-        if (strstr(reason, transient[i]) != NULL)
-            return true;
-    }
-    return false;
-}
-
 /* Runs on the thread that polls (the main queue is forwarded to the consumer queue): sets the
  * failure that ces_consumer_poll reports. */
 static void error_cb(rd_kafka_t *rk, int err, const char *reason, void *opaque) {
     ces_consumer_t *c = opaque;
     char safe[1024];
     reason = redact(c, reason, safe, sizeof(safe));
-    const char *what = NULL;
+    ces_kafkaerr_class_t cls = ces_kafkaerr_classify((rd_kafka_resp_err_t)err, reason);
     char why[512];
-    if (err == RD_KAFKA_RESP_ERR__FATAL) {
+    if (cls == CES_KAFKAERR_FATAL) {
         rd_kafka_fatal_error(rk, why, sizeof(why));
         reason = redact(c, why, safe, sizeof(safe));
-        what = "fatal error";
-    } else if (err == RD_KAFKA_RESP_ERR__AUTHENTICATION) {
-        /* Retrying a wrong password only locks the account or floods the broker's log. */
-        what = "authentication failed (check kafka.eventhubs_connection_string, or the sasl.* "
-               "properties)";
-    } else if (err == RD_KAFKA_RESP_ERR__SSL && !ssl_error_is_transient(reason)) {
-        what = "TLS failure (check kafka.ssl_ca_file, the broker's certificate and host name, and "
-               "that the broker port speaks TLS)";
     }
-    if (what == NULL || c->failed) {
+    if (cls == CES_KAFKAERR_TRANSIENT || c->failed) {
         /* Transient (librdkafka reconnects by itself), or the daemon is stopping already. */
         ces_log_warning("kafka: %s: %s", rd_kafka_err2name((rd_kafka_resp_err_t)err), reason);
         return;
     }
     /* ces_consumer_poll reports it; the daemon logs it and exits 1. */
     c->failed = true;
-    snprintf(c->failure, sizeof(c->failure), "kafka: %s: %s", what, reason);
+    snprintf(c->failure, sizeof(c->failure), "kafka: %s: %s", ces_kafkaerr_advice(cls), reason);
 }
 
-/* Builds the librdkafka configuration from config. Returns NULL with errstr set. */
-static rd_kafka_conf_t *build_conf(const ces_config_t *config, char *errstr, size_t errstr_size,
-                                   ces_consumer_status_t *status) {
-    rd_kafka_conf_t *conf = rd_kafka_conf_new();
-    char err[512];
-    *status = CES_CONSUMER_CONFIG;
-    for (size_t i = 0; i < sizeof(defaults) / sizeof(defaults[0]); i++) {
-        if (rd_kafka_conf_set(conf, defaults[i][0], defaults[i][1], err, sizeof(err)) !=
-            RD_KAFKA_CONF_OK) {
-            snprintf(errstr, errstr_size, "librdkafka: %s", err);
-            *status = CES_CONSUMER_FATAL;
-            goto fail;
-        }
+static void consumer_free(ces_consumer_t *c) {
+    for (size_t i = 0; i < sizeof(c->secrets) / sizeof(c->secrets[0]); i++)
+        free(c->secrets[i]);
+    free(c);
+}
+
+/* A consumer with the secrets of config that the log must never show, or NULL when out of
+ * memory. */
+static ces_consumer_t *consumer_alloc(const ces_config_t *config) {
+    ces_consumer_t *c = calloc(1, sizeof(*c));
+    const char *conn = config->kafka_eventhubs_connection_string;
+    if (c == NULL || conn == NULL)
+        return c;
+    if ((c->secrets[0] = strdup(conn)) == NULL) {
+        consumer_free(c);
+        return NULL;
     }
-    const char *eventhubs = config->kafka_eventhubs_connection_string;
-    if (eventhubs != NULL) {
-        for (size_t i = 0; i < sizeof(eventhubs_security) / sizeof(eventhubs_security[0]); i++) {
-            if (rd_kafka_conf_set(conf, eventhubs_security[i][0], eventhubs_security[i][1], err,
-                                  sizeof(err)) != RD_KAFKA_CONF_OK) {
-                snprintf(errstr, errstr_size, "%s: kafka.eventhubs_connection_string: %s",
-                         config->path, err);
-                goto fail;
-            }
-        }
-        /* librdkafka's message could quote the value: say less. */
-        if (rd_kafka_conf_set(conf, "sasl.password", eventhubs, err, sizeof(err)) !=
-            RD_KAFKA_CONF_OK) {
-            snprintf(errstr, errstr_size,
-                     "%s: kafka.eventhubs_connection_string: librdkafka refused it as "
-                     "sasl.password",
-                     config->path);
-            goto fail;
-        }
-        for (size_t i = 0; i < sizeof(eventhubs_defaults) / sizeof(eventhubs_defaults[0]); i++) {
-            if (rd_kafka_conf_set(conf, eventhubs_defaults[i][0], eventhubs_defaults[i][1], err,
-                                  sizeof(err)) != RD_KAFKA_CONF_OK) {
-                snprintf(errstr, errstr_size, "librdkafka: %s", err);
-                *status = CES_CONSUMER_FATAL;
-                goto fail;
-            }
-        }
-    }
-    if (config->kafka_ssl_ca_file != NULL &&
-        rd_kafka_conf_set(conf, "ssl.ca.location", config->kafka_ssl_ca_file, err, sizeof(err)) !=
-            RD_KAFKA_CONF_OK) {
-        snprintf(errstr, errstr_size, "%s: kafka.ssl_ca_file: %s", config->path, err);
-        goto fail;
-    }
-    for (size_t i = 0; i < config->kafka_properties.count; i++) {
-        const char *item = config->kafka_properties.items[i];
-        int line = config->kafka_properties.lines[i];
-        size_t name_len = strcspn(item, "=");
-        char name[256];
-        snprintf(name, sizeof(name), "%.*s", (int)name_len, item);
-        for (size_t r = 0; eventhubs != NULL && r < sizeof(eventhubs_reserved) /
-                                                         sizeof(eventhubs_reserved[0]); r++) {
-            if (strcmp(name, eventhubs_reserved[r]) == 0) {
-                snprintf(errstr, errstr_size,
-                         "%s:%d: kafka.properties: '%s' is set from "
-                         "kafka.eventhubs_connection_string: remove one of them",
-                         config->path, line, name);
-                goto fail;
-            }
-        }
-        for (size_t r = 0; r < sizeof(reserved) / sizeof(reserved[0]); r++) {
-            if (strcmp(name, reserved[r]) == 0) {
-                snprintf(errstr, errstr_size,
-                         "%s:%d: kafka.properties: '%s' is set by ces2pg itself (use "
-                         "kafka.group_id, kafka.group_instance_id and kafka.brokers)",
-                         config->path, line, name);
-                goto fail;
-            }
-        }
-        if (rd_kafka_conf_set(conf, name, item + name_len + 1, err, sizeof(err)) !=
-            RD_KAFKA_CONF_OK) {
-            /* err may quote the value, which may be a secret: name the property only. */
-            bool secret = ces_config_is_secret_property(name, strlen(name));
-            snprintf(errstr, errstr_size, "%s:%d: kafka.properties: %s", config->path, line,
-                     secret ? "invalid value for a credential property" : err);
-            if (secret)
-                snprintf(errstr + strlen(errstr), errstr_size - strlen(errstr), " '%s'", name);
-            goto fail;
-        }
-    }
-    if (config->kafka_brokers != NULL &&
-        rd_kafka_conf_set(conf, "bootstrap.servers", config->kafka_brokers, err, sizeof(err)) !=
-            RD_KAFKA_CONF_OK) {
-        snprintf(errstr, errstr_size, "%s: kafka.brokers: %s", config->path, err);
-        goto fail;
-    }
-    if (config->kafka_group_instance_id != NULL &&
-        rd_kafka_conf_set(conf, "group.instance.id", config->kafka_group_instance_id, err,
-                          sizeof(err)) != RD_KAFKA_CONF_OK) {
-        snprintf(errstr, errstr_size, "%s: kafka.group_instance_id: %s", config->path, err);
-        goto fail;
-    }
-    if (rd_kafka_conf_set(conf, "group.id", config->kafka_group_id, err, sizeof(err)) !=
-            RD_KAFKA_CONF_OK ||
-        rd_kafka_conf_set(conf, "enable.auto.offset.store", "false", err, sizeof(err)) !=
-            RD_KAFKA_CONF_OK) {
-        snprintf(errstr, errstr_size, "%s: kafka.group_id: %s", config->path, err);
-        goto fail;
-    }
-    for (size_t i = 0; i < sizeof(forced) / sizeof(forced[0]); i++) {
-        if (rd_kafka_conf_set(conf, forced[i][0], forced[i][1], err, sizeof(err)) !=
-            RD_KAFKA_CONF_OK) {
-            snprintf(errstr, errstr_size, "librdkafka: %s", err);
-            *status = CES_CONSUMER_FATAL;
-            goto fail;
-        }
-    }
+    c->secrets[1] = ces_secret_shared_access_key(conn);
+    return c;
+}
+
+/* The librdkafka configuration of config with c's log and error callbacks (c is their opaque),
+ * or NULL with *status and errstr set. */
+static rd_kafka_conf_t *consumer_conf(ces_consumer_t *c, const ces_config_t *config,
+                                      ces_consumer_status_t *status, char *errstr,
+                                      size_t errstr_size) {
+    rd_kafka_conf_t *conf = ces_kafkaconf_build(config, status, errstr, errstr_size);
+    if (conf == NULL)
+        return NULL;
     rd_kafka_conf_set_log_cb(conf, log_cb);
     rd_kafka_conf_set_error_cb(conf, error_cb);
-    *status = CES_CONSUMER_OK;
+    rd_kafka_conf_set_opaque(conf, c);
     return conf;
-fail:
-    rd_kafka_conf_destroy(conf);
-    return NULL;
 }
 
 ces_consumer_status_t ces_consumer_check_config(const ces_config_t *config, char *errstr,
                                                 size_t errstr_size) {
     ces_consumer_status_t status;
-    rd_kafka_conf_t *conf = build_conf(config, errstr, errstr_size, &status);
+    rd_kafka_conf_t *conf = ces_kafkaconf_build(config, &status, errstr, errstr_size);
     if (conf != NULL)
         rd_kafka_conf_destroy(conf);
     return status;
@@ -335,7 +137,7 @@ ces_consumer_status_t ces_consumer_property(const ces_config_t *config, const ch
                                             char *value, size_t value_size, char *errstr,
                                             size_t errstr_size) {
     ces_consumer_status_t status;
-    rd_kafka_conf_t *conf = build_conf(config, errstr, errstr_size, &status);
+    rd_kafka_conf_t *conf = ces_kafkaconf_build(config, &status, errstr, errstr_size);
     if (conf == NULL)
         return status;
     size_t size = value_size;
@@ -452,135 +254,25 @@ static void rebalance_cb(rd_kafka_t *rk, rd_kafka_resp_err_t err,
     }
 }
 
-static void *nudger_main(void *arg) {
-    ces_consumer_t *c = arg;
-    pthread_mutex_lock(&c->nudger.lock);
-    for (;;) {
-        while (!c->nudger.wanted && !c->nudger.stop)
-            pthread_cond_wait(&c->nudger.cond, &c->nudger.lock);
-        if (c->nudger.stop)
-            break;
-        c->nudger.wanted = false;
-        pthread_mutex_unlock(&c->nudger.lock);
-        rd_kafka_topic_partition_list_t *parts = NULL;
-        if (rd_kafka_assignment(c->rk, &parts) == RD_KAFKA_RESP_ERR_NO_ERROR && parts->cnt > 0) {
-            for (int i = 0; i < parts->cnt; i++)
-                parts->elems[i].offset = RD_KAFKA_OFFSET_END; /* as a timestamp: "latest" */
-            /* The answer does not matter, only that each leader's thread wakes up. */
-            rd_kafka_offsets_for_times(c->rk, parts, 500);
-        }
-        if (parts != NULL)
-            rd_kafka_topic_partition_list_destroy(parts);
-        pthread_mutex_lock(&c->nudger.lock);
-    }
-    pthread_mutex_unlock(&c->nudger.lock);
-    return NULL;
-}
-
-static void nudger_start(ces_consumer_t *c) {
-    if (pthread_mutex_init(&c->nudger.lock, NULL) != 0)
-        return;
-    if (pthread_cond_init(&c->nudger.cond, NULL) != 0) {
-        pthread_mutex_destroy(&c->nudger.lock);
-        return;
-    }
-    if (pthread_create(&c->nudger.thread, NULL, nudger_main, c) != 0) {
-        pthread_cond_destroy(&c->nudger.cond);
-        pthread_mutex_destroy(&c->nudger.lock);
-        ces_log_warning("kafka: no thread to wake up the fetcher: a full prefetch queue may "
-                        "pause fetching for up to a second");
-        return;
-    }
-    pthread_setname_np(c->nudger.thread, "ces2pg-wakeup");
-    c->nudger.running = true;
-}
-
-static void nudger_stop(ces_consumer_t *c) {
-    if (!c->nudger.running)
-        return;
-    pthread_mutex_lock(&c->nudger.lock);
-    c->nudger.stop = true;
-    pthread_cond_signal(&c->nudger.cond);
-    pthread_mutex_unlock(&c->nudger.lock);
-    pthread_join(c->nudger.thread, NULL);
-    pthread_cond_destroy(&c->nudger.cond);
-    pthread_mutex_destroy(&c->nudger.lock);
-    c->nudger.running = false;
-}
-
-static void nudge(ces_consumer_t *c) {
-    c->wakeups++;
-    pthread_mutex_lock(&c->nudger.lock);
-    c->nudger.wanted = true;
-    pthread_cond_signal(&c->nudger.cond);
-    pthread_mutex_unlock(&c->nudger.lock);
-}
-
-/* Called after every poll: once the queue has reached librdkafka's limits and drained to half,
- * the fetcher has stopped and must be woken up. */
-static void watch_prefetch(ces_consumer_t *c, const rd_kafka_message_t *m) {
-    if (!c->nudger.running)
-        return;
-    if (m != NULL)
-        c->mean_len += ((int64_t)m->len - c->mean_len) / 64;
-    int64_t queued = rd_kafka_queue_length(c->queue);
-    int64_t bytes = queued * c->mean_len;
-    /* 90%: the estimate of the bytes is a mean, and one record has just been taken out. */
-    if (queued * 10 >= c->queue_max_messages * 9 || bytes * 10 >= c->queue_max_bytes * 9) {
-        c->queue_filled = true;
-    } else if (c->queue_filled && queued * 2 <= c->queue_max_messages &&
-               bytes * 2 <= c->queue_max_bytes) {
-        c->queue_filled = false;
-        nudge(c);
-    }
-}
-
-/* The integer value of a librdkafka property, or fallback. */
-static int64_t conf_int(rd_kafka_conf_t *conf, const char *name, int64_t fallback) {
-    char value[64];
-    size_t size = sizeof(value);
-    if (rd_kafka_conf_get(conf, name, value, &size) != RD_KAFKA_CONF_OK)
-        return fallback;
-    char *end;
-    long long v = strtoll(value, &end, 10);
-    return end != value && v > 0 ? v : fallback;
-}
-
-static void consumer_free(ces_consumer_t *c) {
-    for (size_t i = 0; i < sizeof(c->secrets) / sizeof(c->secrets[0]); i++)
-        free(c->secrets[i]);
-    free(c);
-}
-
 ces_consumer_status_t ces_consumer_new(const ces_config_t *config,
                                        const ces_consumer_callbacks_t *callbacks,
                                        ces_consumer_t **out, char *errstr, size_t errstr_size) {
     ces_consumer_status_t status;
     *out = NULL;
-    ces_consumer_t *c = calloc(1, sizeof(*c));
+    ces_consumer_t *c = consumer_alloc(config);
     if (c == NULL) {
         snprintf(errstr, errstr_size, "out of memory");
         return CES_CONSUMER_FATAL;
     }
     c->callbacks = *callbacks;
-    if (config->kafka_eventhubs_connection_string != NULL) {
-        c->secrets[0] = strdup(config->kafka_eventhubs_connection_string);
-        c->secrets[1] = shared_access_key(config->kafka_eventhubs_connection_string);
-        if (c->secrets[0] == NULL) {
-            consumer_free(c);
-            snprintf(errstr, errstr_size, "out of memory");
-            return CES_CONSUMER_FATAL;
-        }
-    }
-    rd_kafka_conf_t *conf = build_conf(config, errstr, errstr_size, &status);
+    rd_kafka_conf_t *conf = consumer_conf(c, config, &status, errstr, errstr_size);
     if (conf == NULL) {
         consumer_free(c);
         return status;
     }
     rd_kafka_conf_set_rebalance_cb(conf, rebalance_cb);
-    rd_kafka_conf_set_opaque(conf, c);
-    c->queue_max_messages = conf_int(conf, "queued.min.messages", 100000);
-    c->queue_max_bytes = conf_int(conf, "queued.max.messages.kbytes", 65536) * 1024;
+    int64_t max_messages = ces_kafkaconf_int(conf, "queued.min.messages", 100000);
+    int64_t max_bytes = ces_kafkaconf_int(conf, "queued.max.messages.kbytes", 65536) * 1024;
     char err[512];
     c->rk = rd_kafka_new(RD_KAFKA_CONSUMER, conf, err, sizeof(err));
     if (c->rk == NULL) {
@@ -594,7 +286,7 @@ ces_consumer_status_t ces_consumer_new(const ces_config_t *config,
     rd_kafka_poll_set_consumer(c->rk);
     c->queue = rd_kafka_queue_get_consumer(c->rk);
     if (c->queue != NULL)
-        nudger_start(c);
+        c->nudger = ces_nudger_new(c->rk, c->queue, max_messages, max_bytes);
 
     rd_kafka_topic_partition_list_t *topics =
         rd_kafka_topic_partition_list_new((int)config->kafka_topics.count);
@@ -605,7 +297,7 @@ ces_consumer_status_t ces_consumer_new(const ces_config_t *config,
     rd_kafka_topic_partition_list_destroy(topics);
     if (rerr != RD_KAFKA_RESP_ERR_NO_ERROR) {
         snprintf(errstr, errstr_size, "subscribing: %s", rd_kafka_err2str(rerr));
-        nudger_stop(c);
+        ces_nudger_destroy(c->nudger);
         if (c->queue != NULL)
             rd_kafka_queue_destroy(c->queue);
         rd_kafka_destroy(c->rk);
@@ -621,7 +313,7 @@ ces_consumer_status_t ces_consumer_new(const ces_config_t *config,
 void ces_consumer_destroy(ces_consumer_t *c) {
     if (c == NULL)
         return;
-    nudger_stop(c);
+    ces_nudger_destroy(c->nudger);
     if (c->queue != NULL)
         rd_kafka_queue_destroy(c->queue);
     /* Leaving the group revokes the assignment, so the owner commits what is complete. */
@@ -635,7 +327,7 @@ void ces_consumer_destroy(ces_consumer_t *c) {
 ces_poll_status_t ces_consumer_poll(ces_consumer_t *c, int timeout_ms, ces_record_t *record,
                                     char *errstr, size_t errstr_size) {
     rd_kafka_message_t *m = rd_kafka_consumer_poll(c->rk, timeout_ms);
-    watch_prefetch(c, m != NULL && m->err == RD_KAFKA_RESP_ERR_NO_ERROR ? m : NULL);
+    ces_nudger_watch(c->nudger, m != NULL && m->err == RD_KAFKA_RESP_ERR_NO_ERROR ? m : NULL);
     if (c->failed) {
         snprintf(errstr, errstr_size, "%s", c->failure);
         if (m != NULL) /* librdkafka does not accept NULL here */
@@ -741,8 +433,8 @@ int ces_consumer_pause(ces_consumer_t *c, const char *topic, int32_t partition, 
         return -1;
     }
     /* A resumed partition waits for its broker's thread to look again, like a full queue. */
-    if (!pause && c->nudger.running)
-        nudge(c);
+    if (!pause)
+        ces_nudger_nudge(c->nudger);
     return 0;
 }
 
@@ -760,10 +452,45 @@ size_t ces_consumer_assigned_count(const ces_consumer_t *c) { return c->assigned
 
 bool ces_consumer_joined(const ces_consumer_t *c) { return c->joined; }
 
-uint64_t ces_consumer_fetch_wakeups(const ces_consumer_t *c) { return c->wakeups; }
+uint64_t ces_consumer_fetch_wakeups(const ces_consumer_t *c) {
+    return ces_nudger_wakeups(c->nudger);
+}
 
 /* How long `status` waits for each answer of the brokers. */
 #define INSPECT_TIMEOUT_MS 10000
+
+/* Calls fn for every partition of topic with its watermarks. Returns CES_CONSUMER_OK, or
+ * CES_CONSUMER_FATAL with errstr set when the brokers do not know the topic. */
+static ces_consumer_status_t inspect_topic(rd_kafka_t *rk, const char *topic,
+                                           void (*fn)(void *arg, const char *topic,
+                                                      int32_t partition, int64_t low,
+                                                      int64_t high),
+                                           void *arg, char *errstr, size_t errstr_size) {
+    ces_consumer_status_t status = CES_CONSUMER_OK;
+    rd_kafka_topic_t *rkt = rd_kafka_topic_new(rk, topic, NULL);
+    const struct rd_kafka_metadata *md = NULL;
+    rd_kafka_resp_err_t e =
+        rkt ? rd_kafka_metadata(rk, 0, rkt, &md, INSPECT_TIMEOUT_MS) : RD_KAFKA_RESP_ERR__FAIL;
+    if (e != RD_KAFKA_RESP_ERR_NO_ERROR || md->topic_cnt < 1 || md->topics[0].err) {
+        snprintf(errstr, errstr_size, "kafka: topic %s: %s", topic,
+                 rd_kafka_err2str(e ? e : md->topic_cnt ? md->topics[0].err
+                                                        : RD_KAFKA_RESP_ERR__UNKNOWN_TOPIC));
+        status = CES_CONSUMER_FATAL;
+    }
+    for (int i = 0; status == CES_CONSUMER_OK && i < md->topics[0].partition_cnt; i++) {
+        int32_t partition = md->topics[0].partitions[i].id;
+        int64_t low = -1, high = -1;
+        if (rd_kafka_query_watermark_offsets(rk, topic, partition, &low, &high,
+                                             INSPECT_TIMEOUT_MS) != RD_KAFKA_RESP_ERR_NO_ERROR)
+            low = high = -1;
+        fn(arg, topic, partition, low, high);
+    }
+    if (md != NULL)
+        rd_kafka_metadata_destroy(md);
+    if (rkt != NULL)
+        rd_kafka_topic_destroy(rkt);
+    return status;
+}
 
 ces_consumer_status_t ces_consumer_inspect(const ces_config_t *config,
                                            void (*fn)(void *arg, const char *topic,
@@ -774,53 +501,29 @@ ces_consumer_status_t ces_consumer_inspect(const ces_config_t *config,
     ces_consumer_status_t status;
     *members = -1;
     snprintf(state, state_size, "unknown");
-    rd_kafka_conf_t *conf = build_conf(config, errstr, errstr_size, &status);
-    if (conf == NULL)
-        return status;
     /* The log and error callbacks redact the secrets of this stand-in consumer. */
-    ces_consumer_t *c = calloc(1, sizeof(*c));
-    if (c == NULL || (config->kafka_eventhubs_connection_string != NULL &&
-                      ((c->secrets[0] = strdup(config->kafka_eventhubs_connection_string)) == NULL)))
-        goto nomem;
-    if (config->kafka_eventhubs_connection_string != NULL)
-        c->secrets[1] = shared_access_key(config->kafka_eventhubs_connection_string);
-    rd_kafka_conf_set_opaque(conf, c);
+    ces_consumer_t *c = consumer_alloc(config);
+    if (c == NULL) {
+        snprintf(errstr, errstr_size, "out of memory");
+        return CES_CONSUMER_FATAL;
+    }
+    rd_kafka_t *rk = NULL;
+    rd_kafka_conf_t *conf = consumer_conf(c, config, &status, errstr, errstr_size);
+    if (conf == NULL)
+        goto done;
     char err[512];
-    rd_kafka_t *rk = rd_kafka_new(RD_KAFKA_CONSUMER, conf, err, sizeof(err));
+    rk = rd_kafka_new(RD_KAFKA_CONSUMER, conf, err, sizeof(err));
     if (rk == NULL) {
         rd_kafka_conf_destroy(conf);
         char safe[sizeof(err)];
         snprintf(errstr, errstr_size, "creating a Kafka client: %s",
                  redact(c, err, safe, sizeof(safe)));
-        consumer_free(c);
-        return CES_CONSUMER_FATAL;
+        status = CES_CONSUMER_FATAL;
+        goto done;
     }
     status = CES_CONSUMER_OK;
-    for (size_t t = 0; t < config->kafka_topics.count && status == CES_CONSUMER_OK; t++) {
-        const char *topic = config->kafka_topics.items[t];
-        rd_kafka_topic_t *rkt = rd_kafka_topic_new(rk, topic, NULL);
-        const struct rd_kafka_metadata *md = NULL;
-        rd_kafka_resp_err_t e =
-            rkt ? rd_kafka_metadata(rk, 0, rkt, &md, INSPECT_TIMEOUT_MS) : RD_KAFKA_RESP_ERR__FAIL;
-        if (e != RD_KAFKA_RESP_ERR_NO_ERROR || md->topic_cnt < 1 || md->topics[0].err) {
-            snprintf(errstr, errstr_size, "kafka: topic %s: %s", topic,
-                     rd_kafka_err2str(e ? e : md->topic_cnt ? md->topics[0].err
-                                                            : RD_KAFKA_RESP_ERR__UNKNOWN_TOPIC));
-            status = CES_CONSUMER_FATAL;
-        }
-        for (int i = 0; status == CES_CONSUMER_OK && i < md->topics[0].partition_cnt; i++) {
-            int32_t partition = md->topics[0].partitions[i].id;
-            int64_t low = -1, high = -1;
-            if (rd_kafka_query_watermark_offsets(rk, topic, partition, &low, &high,
-                                                 INSPECT_TIMEOUT_MS) != RD_KAFKA_RESP_ERR_NO_ERROR)
-                low = high = -1;
-            fn(arg, topic, partition, low, high);
-        }
-        if (md != NULL)
-            rd_kafka_metadata_destroy(md);
-        if (rkt != NULL)
-            rd_kafka_topic_destroy(rkt);
-    }
+    for (size_t t = 0; t < config->kafka_topics.count && status == CES_CONSUMER_OK; t++)
+        status = inspect_topic(rk, config->kafka_topics.items[t], fn, arg, errstr, errstr_size);
     /* Brokers without ListGroups (librdkafka's mock cluster) leave the members unknown; a group
      * the brokers do not list has none. */
     const struct rd_kafka_group_list *groups = NULL;
@@ -833,15 +536,11 @@ ces_consumer_status_t ces_consumer_inspect(const ces_config_t *config,
     }
     if (groups != NULL)
         rd_kafka_group_list_destroy(groups);
-    rd_kafka_destroy(rk);
+done:
+    if (rk != NULL)
+        rd_kafka_destroy(rk);
     consumer_free(c);
     return status;
-nomem:
-    rd_kafka_conf_destroy(conf);
-    if (c != NULL)
-        consumer_free(c);
-    snprintf(errstr, errstr_size, "out of memory");
-    return CES_CONSUMER_FATAL;
 }
 
 /* The feed: the pipeline sees the consumer only through these. */

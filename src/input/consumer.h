@@ -112,7 +112,7 @@ size_t ces_consumer_assigned_count(const ces_consumer_t *consumer);
 bool ces_consumer_joined(const ces_consumer_t *consumer);
 
 /* Times librdkafka's fetcher was woken up: the prefetch queue had filled to librdkafka's limits and
- * drained to half, or a paused partition was resumed (see consumer.c). */
+ * drained to half, or a paused partition was resumed (see nudger.h). */
 uint64_t ces_consumer_fetch_wakeups(const ces_consumer_t *consumer);
 
 #endif
