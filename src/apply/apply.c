@@ -5,11 +5,14 @@
 #include <string.h>
 
 #include "apply/catalog.h"
+#include "apply/inflight.h"
 #include "apply/janitor.h"
+#include "apply/ledger.h"
 #include "util/log.h"
 #include "apply/metadata.h"
 #include "apply/pgerr.h"
 #include "apply/positions.h"
+#include "apply/prepared.h"
 #include "apply/sender.h"
 #include "apply/session.h"
 
@@ -20,8 +23,9 @@ typedef enum {
     STEP_LAST,  /* the last part, the positions, COMMIT */
 } step_t;
 
-/* One attempt at a batch. The sender refers to e, so an attempt is never copied. */
+/* One attempt at a batch. Its pipeline refers to e, so an attempt is never copied. */
 typedef struct {
+    ces_inflight_t *inflight;
     ces_sender_t *sender;
     ces_catalog_table_t **tables; /* the target table of each item (owned by the catalog) */
     ces_pgerr_t e;
@@ -35,7 +39,7 @@ struct ces_apply_s {
     ces_positions_t *positions;
     ces_catalog_t *catalog;
     ces_janitor_t *janitor;
-    ces_sender_stmts_t *stmts;
+    ces_prepared_t *prepared;
     uint64_t stream_epoch; /* the session epoch a streamed transaction began in; 0: none */
     attempt_t *async;      /* a batch sent by ces_apply_send, not finished yet */
     uint64_t attempts;     /* attempts begun: the plain-INSERT policy's and missing tables' clock */
@@ -106,8 +110,8 @@ ces_apply_t *ces_apply_new(const ces_apply_options_t *o) {
     a->positions = ces_positions_new(o->group_id ? o->group_id : "");
     a->catalog = ces_catalog_new(&catalog);
     a->janitor = ces_janitor_new(o->lsn_guard, o->tombstone_retention_s);
-    a->stmts = ces_sender_stmts_new();
-    if (!a->session || !a->metadata || !a->positions || !a->catalog || !a->janitor || !a->stmts) {
+    a->prepared = ces_prepared_new();
+    if (!a->session || !a->metadata || !a->positions || !a->catalog || !a->janitor || !a->prepared) {
         ces_apply_destroy(a);
         return NULL;
     }
@@ -123,7 +127,7 @@ void ces_apply_destroy(ces_apply_t *a) {
     }
     ces_session_destroy(a->session);
     ces_catalog_destroy(a->catalog);
-    ces_sender_stmts_destroy(a->stmts);
+    ces_prepared_destroy(a->prepared);
     ces_metadata_destroy(a->metadata);
     ces_positions_destroy(a->positions);
     ces_janitor_destroy(a->janitor);
@@ -154,7 +158,7 @@ ces_apply_status_t ces_apply_read_offsets(ces_apply_t *a, const char *topic,
         ces_pgerr_t e = CES_PGERR_INIT;
         if (ces_positions_read(a->positions, a->session, topic, partitions, n, offsets, &e) == 0)
             return CES_APPLY_OK;
-        if (e.cls != CES_PGERR_RETRY) {
+        if (e.action != CES_PGERR_RETRY) {
             snprintf(errstr, errstr_size, "reading stored offsets: %s", e.message);
             return CES_APPLY_FATAL;
         }
@@ -189,7 +193,7 @@ static int prepare_tables(ces_apply_t *a, ces_batch_t *batch, ces_catalog_table_
                                        a->attempts, &reject, e);
         if (tables[i] != NULL)
             continue;
-        if (e->cls == CES_PGERR_DATA && e->failed_item < 0) {
+        if (e->action == CES_PGERR_DATA && e->failed_item < 0) {
             /* DDL refused because of what this event holds (e.g. an over-long name). */
             char reason[600];
             snprintf(reason, sizeof(reason), "creating or extending the target table failed: %s",
@@ -201,7 +205,7 @@ static int prepare_tables(ces_apply_t *a, ces_batch_t *batch, ces_catalog_table_
             }
             continue;
         }
-        if (e->cls != CES_PGERR_NONE)
+        if (e->action != CES_PGERR_NONE)
             return -1;
         if (reject.reason == NULL)
             reject = (ces_reject_t){CES_DL_SCHEMA, "the target table is unusable"};
@@ -221,16 +225,15 @@ static int attempt_begin(ces_apply_t *a, attempt_t *at, ces_batch_t *batch, step
     if (at->tables == NULL)
         return -1;
     a->attempts++;
-    ces_sender_options_t options = {.session = a->session,
-                                    .stmts = a->stmts,
+    at->inflight = ces_inflight_new(a->session, &at->e, nonblocking);
+    ces_sender_options_t options = {.inflight = at->inflight,
+                                    .prepared = a->prepared,
                                     .metadata = a->metadata,
-                                    .positions = a->positions,
-                                    .e = &at->e,
                                     .bulk = bulk,
                                     .plain_inserts = plain_inserts,
-                                    .nonblocking = nonblocking,
                                     .attempt = a->attempts};
-    if ((at->sender = ces_sender_new(&options)) == NULL) {
+    if (at->inflight == NULL || (at->sender = ces_sender_new(&options)) == NULL) {
+        ces_inflight_destroy(at->inflight);
         free(at->tables);
         return -1;
     }
@@ -239,19 +242,20 @@ static int attempt_begin(ces_apply_t *a, attempt_t *at, ces_batch_t *batch, step
 
 static void attempt_end(attempt_t *at) {
     ces_sender_destroy(at->sender);
+    ces_inflight_destroy(at->inflight);
     free(at->tables);
 }
 
 /* Sends one attempt's statements up to the Sync that ends them; nothing is read yet (unless more
- * than CES_SENDER_PIPELINE_CHUNK results wait). A nonblocking sender only buffers what the socket
+ * than CES_INFLIGHT_CHUNK results wait). A nonblocking pipeline only buffers what the socket
  * does not take: ces_apply_progress and attempt_finish send the rest. Returns 0, or -1 with at->e
  * set. */
 static int attempt_send(ces_apply_t *a, attempt_t *at) {
     ces_pgerr_t *e = &at->e;
-    ces_sender_t *s = at->sender;
+    ces_inflight_t *q = at->inflight;
     ces_batch_t *batch = at->batch;
-    if (prepare_tables(a, batch, at->tables, e) != 0 || ces_sender_begin(s) != 0 ||
-        ces_sender_simple(s, at->step == STEP_WHOLE ? "BEGIN" : "SAVEPOINT ces_step") != 0)
+    if (prepare_tables(a, batch, at->tables, e) != 0 || ces_inflight_begin(q) != 0 ||
+        ces_inflight_simple(q, at->step == STEP_WHOLE ? "BEGIN" : "SAVEPOINT ces_step") != 0)
         return -1;
     for (size_t i = 0; i < batch->count; i++) {
         ces_item_t *item = &batch->items[i];
@@ -261,62 +265,64 @@ static int attempt_send(ces_apply_t *a, attempt_t *at) {
         }
         if (item->kind == CES_ITEM_EVENT) {
             ces_reject_t reject = {0};
-            if (ces_sender_event(s, (long)i, item, at->tables[i], &reject) != 0)
+            if (ces_sender_event(at->sender, (long)i, item, at->tables[i], &reject) != 0)
                 return -1;
-            if (reject.reason != NULL && ces_batch_item_reject(item, reject.cls, reject.reason) != 0) {
+            if (reject.reason != NULL &&
+                ces_batch_item_reject(item, reject.cls, reject.reason) != 0) {
                 ces_pgerr_set(e, CES_PGERR_FATAL, -1, NULL, "out of memory");
                 return -1;
             }
         }
-        if (item->kind == CES_ITEM_DEAD_LETTER && ces_sender_dead_letter(s, (long)i, item, batch->retrying) != 0)
+        if (item->kind == CES_ITEM_DEAD_LETTER &&
+            ces_ledger_dead_letter(q, a->metadata, (long)i, item, batch->retrying) != 0)
             return -1;
-        if (ces_sender_maybe_sync(s) != 0 || e->cls != CES_PGERR_NONE)
+        if (ces_inflight_maybe_sync(q) != 0 || e->action != CES_PGERR_NONE)
             return -1;
     }
-    if (ces_sender_flush_bulk(s) != 0 ||
-        (at->step != STEP_CHUNK && ces_sender_positions(s, batch) != 0))
+    if (ces_sender_flush_bulk(at->sender) != 0 ||
+        (at->step != STEP_CHUNK && ces_ledger_positions(q, a->metadata, a->positions, batch) != 0))
         return -1;
     /* A whole transaction commits in the same pipeline: the fence aborts it before COMMIT, and
      * ces2pg need not wait for one more round trip. */
-    if ((at->step == STEP_WHOLE && ces_sender_commit(s) != 0) || ces_sender_seal(s) != 0)
+    if ((at->step == STEP_WHOLE && ces_inflight_commit(q) != 0) || ces_inflight_seal(q) != 0)
         return -1;
-    return e->cls != CES_PGERR_NONE ? -1 : 0;
+    return e->action != CES_PGERR_NONE ? -1 : 0;
 }
 
 /* Reads what attempt_send sent, checks the fence and commits (or releases the step's savepoint).
  * Returns 0, or -1 with at->e set (then the attempt must be abandoned). */
 static int attempt_finish(ces_apply_t *a, attempt_t *at) {
     ces_pgerr_t *e = &at->e;
-    ces_sender_t *s = at->sender;
-    if (ces_sender_drain(s) != 0 || e->cls != CES_PGERR_NONE) {
+    ces_inflight_t *q = at->inflight;
+    if (ces_inflight_drain(q) != 0 || e->action != CES_PGERR_NONE) {
         /* The connection broke with COMMIT sent (attempt_send got that far, or finish would not
          * be called): it may have committed, and apply_step asks. */
         if (at->step == STEP_WHOLE && !ces_session_connected(a->session))
             e->in_commit = true;
         return -1;
     }
-    if (ces_sender_fenced(s)) {
+    if (ces_inflight_fenced(q)) {
         ces_pgerr_set(e, CES_PGERR_FENCED, -1, NULL,
                       "the stored consumer position moved: another instance took over a partition");
         return -1;
     }
     /* A whole transaction's COMMIT was in the pipeline, and every result was fine. */
     if (at->step != STEP_WHOLE &&
-        (ces_sender_simple(s, at->step == STEP_CHUNK ? "RELEASE SAVEPOINT ces_step" : "COMMIT") !=
+        (ces_inflight_simple(q, at->step == STEP_CHUNK ? "RELEASE SAVEPOINT ces_step" : "COMMIT") !=
              0 ||
-         ces_sender_sync_and_drain(s) != 0 || e->cls != CES_PGERR_NONE)) {
+         ces_inflight_sync_and_drain(q) != 0 || e->action != CES_PGERR_NONE)) {
         e->in_commit = at->step != STEP_CHUNK;
         return -1;
     }
-    ces_sender_end(s);
+    ces_inflight_end(q);
     return 0;
 }
 
 /* After a failed attempt: rolls back what it did. A data error undoes only a stream's step;
  * anything else loses the whole transaction. */
 static void attempt_abandon(attempt_t *at) {
-    ces_sender_roll_back(at->sender, at->step == STEP_WHOLE ||
-                                         !ces_pgerr_undoes_only_the_step(at->e.cls) ||
+    ces_inflight_roll_back(at->inflight, at->step == STEP_WHOLE ||
+                                         !ces_pgerr_undoes_only_the_step(at->e.action) ||
                                          at->e.in_commit);
 }
 
@@ -395,27 +401,27 @@ static bool reject_failed_item(ces_batch_t *batch, const ces_pgerr_t *e, char *e
 static bool retry_after(ces_apply_t *a, ces_batch_t *batch, step_t step, const ces_pgerr_t *e,
                         retry_t *r, ces_apply_stats_t *stats, char *errstr, size_t errstr_size,
                         ces_apply_status_t *status) {
-    if (step != STEP_WHOLE && !ces_pgerr_undoes_only_the_step(e->cls) &&
-        e->cls != CES_PGERR_FENCED && e->cls != CES_PGERR_FATAL &&
-        !(e->cls == CES_PGERR_RETRY && e->in_commit)) {
+    if (step != STEP_WHOLE && !ces_pgerr_undoes_only_the_step(e->action) &&
+        e->action != CES_PGERR_FENCED && e->action != CES_PGERR_FATAL &&
+        !(e->action == CES_PGERR_RETRY && e->in_commit)) {
         /* The open transaction is gone: what was streamed must be read again. */
         snprintf(errstr, errstr_size, "%s", e->message);
-        if (!ces_session_connected(a->session) || e->cls == CES_PGERR_STALE)
+        if (!ces_session_connected(a->session) || e->action == CES_PGERR_STALE)
             ces_session_disconnect(a->session);
-        if (e->cls == CES_PGERR_STALE)
+        if (e->action == CES_PGERR_STALE)
             ces_catalog_forget(a->catalog);
         a->stream_epoch = 0;
         *status = CES_APPLY_LOST;
         return false;
     }
-    switch (e->cls) {
-    case CES_PGERR_BULK:
+    switch (e->action) {
+    case CES_PGERR_RETRY_ROW_BY_ROW:
         ces_log_debug("a bulk statement was rejected (%s, SQLSTATE %s): applying the batch "
                       "row by row",
                       e->message, e->sqlstate);
         r->bulk = false;
         return true;
-    case CES_PGERR_INSERT_TAKEN:
+    case CES_PGERR_RETRY_WITH_UPSERTS:
         /* Not a failure: see the bulk path (bulk.h). The table sends upserts for a while. */
         ces_catalog_insert_taken(e->taken, a->attempts);
         ces_log_debug("a plain INSERT found a key taken (%s): applying the batch again with "
@@ -494,7 +500,7 @@ static ces_apply_status_t apply_step(ces_apply_t *a, ces_batch_t *batch, step_t 
             }
             attempt(a, batch, step, r.bulk, r.plain_inserts, &e);
         }
-        if (e.cls == CES_PGERR_NONE)
+        if (e.action == CES_PGERR_NONE)
             break;
         ces_apply_status_t status;
         if (!retry_after(a, batch, step, &e, &r, stats, errstr, errstr_size, &status))
@@ -533,7 +539,7 @@ ces_apply_status_t ces_apply_stream_begin(ces_apply_t *a, char *errstr, size_t e
         snprintf(errstr, errstr_size, "%s", e.message);
         if (!ces_session_connected(a->session))
             ces_session_disconnect(a->session);
-        return e.cls == CES_PGERR_FATAL ? CES_APPLY_FATAL : CES_APPLY_LOST;
+        return e.action == CES_PGERR_FATAL ? CES_APPLY_FATAL : CES_APPLY_LOST;
     }
     a->stream_epoch = ces_session_epoch(a->session);
     return CES_APPLY_OK;
@@ -587,11 +593,11 @@ ces_apply_status_t ces_apply_send(ces_apply_t *a, ces_batch_t *batch, char *errs
 
 void ces_apply_progress(ces_apply_t *a) {
     if (a->async != NULL)
-        ces_sender_progress(a->async->sender);
+        ces_inflight_progress(a->async->inflight);
 }
 
 bool ces_apply_ready(ces_apply_t *a) {
-    return a->async == NULL || ces_sender_ready(a->async->sender);
+    return a->async == NULL || ces_inflight_ready(a->async->inflight);
 }
 
 ces_apply_status_t ces_apply_finish(ces_apply_t *a, ces_apply_stats_t *stats, char *errstr,
@@ -600,7 +606,7 @@ ces_apply_status_t ces_apply_finish(ces_apply_t *a, ces_apply_stats_t *stats, ch
     if (at == NULL)
         return CES_APPLY_OK;
     a->async = NULL;
-    if (at->e.cls != CES_PGERR_NONE || attempt_finish(a, at) != 0)
+    if (at->e.action != CES_PGERR_NONE || attempt_finish(a, at) != 0)
         attempt_abandon(at);
     ces_batch_t *batch = at->batch;
     step_t step = at->step;

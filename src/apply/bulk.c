@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "util/array.h"
 #include "util/map.h"
 
 /* PostgreSQL's binary array format (array_recv): a header, then each element's length (-1:
@@ -25,7 +26,7 @@ typedef struct {
     const char **values; /* nrows * nvalues, row after row; NULL is SQL NULL */
     int *lengths;
     size_t nrows;
-    size_t rows_capacity;
+    size_t values_rows, lengths_rows; /* rows values and lengths have room for */
     size_t bytes; /* value bytes gathered */
 } group_t;
 
@@ -168,14 +169,10 @@ static group_t *find_group(ces_bulk_t *b, ces_bulk_kind_t kind, uintptr_t genera
             memcmp(g->sig, sig, sig_len) == 0)
             return g;
     }
-    if (b->ngroups == b->groups_capacity) {
-        size_t cap = b->groups_capacity ? b->groups_capacity * 2 : 8;
-        group_t *groups = realloc(b->groups, cap * sizeof(*groups));
-        if (groups == NULL)
-            return NULL;
-        b->groups = groups;
-        b->groups_capacity = cap;
-    }
+    group_t *groups = CES_ARRAY_RESERVE(b->groups, b->groups_capacity, b->ngroups + 1, 8);
+    if (groups == NULL)
+        return NULL;
+    b->groups = groups;
     group_t *g = &b->groups[b->ngroups];
     *g = (group_t){.t = t,
                    .kind = kind,
@@ -222,15 +219,12 @@ void ces_bulk_destroy(ces_bulk_t *b) {
     free(b);
 }
 
-/* Grows a scratch buffer to need bytes (twice that, so that it seldom grows). */
+/* Grows a scratch buffer to need bytes (need > 0). */
 static int reserve(char **buf, size_t *capacity, size_t need) {
-    if (need <= *capacity)
-        return 0;
-    char *grown = realloc(*buf, need * 2);
+    char *grown = CES_ARRAY_RESERVE(*buf, *capacity, need, 64);
     if (grown == NULL)
         return -1;
     *buf = grown;
-    *capacity = need * 2;
     return 0;
 }
 
@@ -274,21 +268,17 @@ static ces_bulk_status_t key_generation(ces_bulk_t *b, const ces_catalog_desc_t 
     return CES_BULK_OK;
 }
 
-/* Room for one more row in g. */
+/* Room for one more row in g: a row is g->nvalues values (and lengths). */
 static int reserve_row(group_t *g) {
-    if (g->nrows < g->rows_capacity)
-        return 0;
-    size_t cap = g->rows_capacity ? g->rows_capacity * 2 : 64;
-    const char **values = realloc(g->values, cap * g->nvalues * sizeof(*values));
+    const char **values = ces_array_reserve(g->values, &g->values_rows, g->nrows + 1,
+                                            g->nvalues * sizeof(*g->values), 64);
     if (values != NULL)
         g->values = values;
-    int *lengths = realloc(g->lengths, cap * g->nvalues * sizeof(*lengths));
+    int *lengths = ces_array_reserve(g->lengths, &g->lengths_rows, g->nrows + 1,
+                                     g->nvalues * sizeof(*g->lengths), 64);
     if (lengths != NULL)
         g->lengths = lengths;
-    if (values == NULL || lengths == NULL)
-        return -1;
-    g->rows_capacity = cap;
-    return 0;
+    return values == NULL || lengths == NULL ? -1 : 0;
 }
 
 ces_bulk_status_t ces_bulk_add(ces_bulk_t *b, ces_bulk_kind_t kind, ces_item_t *item,

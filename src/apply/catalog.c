@@ -1,29 +1,22 @@
 #include "apply/catalog.h"
 
-#include <libpq-fe.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "apply/pgcatalog.h"
+#include "apply/pgerr.h"
+#include "apply/session.h"
+#include "apply/shapes.h"
+#include "apply/tableplan.h"
 #include "format/decode.h"
 #include "util/log.h"
 #include "util/map.h"
-#include "apply/pgerr.h"
-#include "apply/session.h"
 #include "util/strbuf.h"
 
 /* Verdicts of type_checks. */
 #define TYPE_FITS ((uintptr_t)1)
 #define TYPE_CONFLICT ((uintptr_t)2)
-
-/* An event shape, as shape_remember writes it; len 0: none. */
-typedef struct {
-    char *bytes;
-    size_t len, cap;
-} shape_t;
-
-/* Shapes remembered per table: an INS, an UPD and a DEL of one table differ in their images. */
-#define CATALOG_SHAPES 4
 
 struct ces_catalog_table_s {
     ces_catalog_desc_t desc;
@@ -38,11 +31,9 @@ struct ces_catalog_table_s {
     bool warned_no_old_image;
     bool warned_no_pk;
     ces_map_t *type_checks; /* "column\x1ftype" -> verdict */
-    /* The last event shapes that passed every check against this description (see
-     * shape_matches), the oldest replaced first; emptied whenever the description is read again. */
-    shape_t shapes[CATALOG_SHAPES];
-    unsigned next_shape;
-    unsigned matched_shape; /* the slot that matched last: the next event most likely matches it */
+    /* The last event shapes that passed every check against this description (shapes.h);
+     * emptied whenever the description is read again. */
+    ces_shapes_t *shapes;
     char reject_reason[300];
     /* Inserts of new keys go as plain INSERTs from attempt number upsert_until on;
      * insert_conflicts counts the times one found its key taken. */
@@ -70,187 +61,18 @@ struct ces_catalog_s {
 };
 
 /* ---------------------------------------------------------------------------------------------- */
-/* Pure decisions                                                                                 */
-
-char *ces_catalog_fold_name(const char *name, bool preserve_case) {
-    size_t len = strlen(name);
-    if (len > CES_CATALOG_NAME_MAX) {
-        len = CES_CATALOG_NAME_MAX;
-        while (len > 0 && ((unsigned char)name[len] & 0xC0) == 0x80)
-            len--;
-    }
-    char *out = malloc(len + 1);
-    if (out == NULL)
-        return NULL;
-    for (size_t i = 0; i < len; i++)
-        out[i] = (!preserve_case && name[i] >= 'A' && name[i] <= 'Z') ? (char)(name[i] + 32)
-                                                                      : name[i];
-    out[len] = '\0';
-    return out;
-}
-
-char *ces_catalog_expand_target(const char *pattern, const ces_event_t *ev) {
-    ces_strbuf_t out = {0};
-    for (const char *p = pattern; *p;) {
-        if (strncmp(p, "{db}", 4) == 0) {
-            ces_strbuf_add(&out, ev->db);
-            p += 4;
-        } else if (strncmp(p, "{schema}", 8) == 0) {
-            ces_strbuf_add(&out, ev->schema);
-            p += 8;
-        } else if (strncmp(p, "{table}", 7) == 0) {
-            ces_strbuf_add(&out, ev->table);
-            p += 7;
-        } else {
-            char c[2] = {*p++, '\0'};
-            ces_strbuf_add(&out, c);
-        }
-    }
-    if (out.failed) {
-        ces_strbuf_free(&out);
-        return NULL;
-    }
-    return out.buf != NULL ? out.buf : strdup("");
-}
-
-const char *ces_catalog_new_column_type(const ces_event_t *ev, const char *source_name, char *buf,
-                                        size_t size) {
-    const char *type = NULL;
-    for (size_t i = 0; i < ev->ncols && type == NULL; i++) {
-        if (strcmp(ev->cols[i].name, source_name) == 0)
-            type = ev->cols[i].type;
-    }
-    if (type == NULL) {
-        snprintf(buf, size, "text");
-        return NULL;
-    }
-    return ces_types_map(type, buf, size) ? NULL : type;
-}
-
-/* Source names of every column the event mentions: cols, pkkey, current, old. */
-typedef struct {
-    const char **names;
-    size_t count;
-} namelist_t;
-
-static int namelist_add(namelist_t *l, const char *name) {
-    for (size_t i = 0; i < l->count; i++) {
-        if (strcmp(l->names[i], name) == 0)
-            return 0;
-    }
-    const char **n = realloc(l->names, (l->count + 1) * sizeof(char *));
-    if (n == NULL)
-        return -1;
-    l->names = n;
-    l->names[l->count++] = name;
-    return 0;
-}
-
-static int namelist_add_fields(namelist_t *l, const ces_field_t *fields, size_t n) {
-    for (size_t i = 0; i < n; i++) {
-        if (namelist_add(l, fields[i].name) != 0)
-            return -1;
-    }
-    return 0;
-}
-
-static int event_column_names(const ces_event_t *ev, namelist_t *l) {
-    for (size_t i = 0; i < ev->ncols; i++) {
-        if (namelist_add(l, ev->cols[i].name) != 0)
-            return -1;
-    }
-    if (namelist_add_fields(l, ev->pkkey, ev->npkkey) != 0 ||
-        namelist_add_fields(l, ev->current, ev->ncurrent) != 0 ||
-        namelist_add_fields(l, ev->old, ev->nold) != 0)
-        return -1;
-    return 0;
-}
-
-static long column_index(const ces_catalog_desc_t *t, const char *pg_name) {
-    for (size_t i = 0; i < t->ncols; i++) {
-        if (strcmp(t->cols[i].name, pg_name) == 0)
-            return (long)i;
-    }
-    return -1;
-}
-
-int ces_catalog_missing_columns(const ces_catalog_desc_t *t, bool preserve_case,
-                                const ces_event_t *ev, const char ***missing, size_t *nmissing) {
-    namelist_t names = {0};
-    int rc = -1;
-    *missing = NULL;
-    *nmissing = 0;
-    if (event_column_names(ev, &names) != 0 ||
-        (*missing = calloc(names.count + 1, sizeof(char *))) == NULL)
-        goto done;
-    for (size_t i = 0; i < names.count; i++) {
-        char *folded = ces_catalog_fold_name(names.names[i], preserve_case);
-        if (folded == NULL)
-            goto done;
-        if (column_index(t, folded) < 0)
-            (*missing)[(*nmissing)++] = names.names[i];
-        free(folded);
-    }
-    rc = 0;
-done:
-    if (rc != 0) {
-        free(*missing);
-        *missing = NULL;
-        *nmissing = 0;
-    }
-    free(names.names);
-    return rc;
-}
-
-bool ces_catalog_type_conflicts(const char *target_cast, const char *source_type) {
-    char mapped[64];
-    ces_types_map(source_type, mapped, sizeof(mapped));
-    const char *dot = strrchr(target_cast, '.');
-    const char *typname = dot ? dot + 1 : target_cast;
-    /* format('%I') quotes type names that are keywords: pg_catalog."numeric", "varchar", "time",
-     * "timestamp". A quoted name with a quote inside is no built-in type: it stays as it is. */
-    char unquoted[64];
-    size_t len = strlen(typname);
-    if (len >= 2 && len < sizeof(unquoted) && typname[0] == '"' && typname[len - 1] == '"' &&
-        memchr(typname + 1, '"', len - 2) == NULL) {
-        memcpy(unquoted, typname + 1, len - 2);
-        unquoted[len - 2] = '\0';
-        typname = unquoted;
-    }
-    return !ces_types_compatible(typname, mapped);
-}
-
-uint64_t ces_catalog_upsert_attempts(unsigned taken_before) {
-    unsigned doublings = taken_before < CES_CATALOG_UPSERT_MAX_DOUBLINGS
-                             ? taken_before
-                             : CES_CATALOG_UPSERT_MAX_DOUBLINGS;
-    return (uint64_t)CES_CATALOG_UPSERT_ATTEMPTS << doublings;
-}
-
-/* ---------------------------------------------------------------------------------------------- */
 /* Tables                                                                                         */
-
-static void column_free(ces_catalog_column_t *c) {
-    free(c->name);
-    free(c->type);
-    free(c->cast);
-    free(c->quoted);
-}
 
 static void table_free(void *value, void *arg) {
     (void)arg;
     ces_catalog_table_t *t = value;
     if (t == NULL)
         return;
-    for (size_t i = 0; i < t->desc.ncols; i++)
-        column_free(&t->desc.cols[i]);
-    free(t->desc.cols);
-    free(t->desc.pk);
+    ces_pgcatalog_desc_free(&t->desc);
     free(t->desc.qualified);
     ces_map_destroy(t->by_source);
     ces_map_destroy(t->type_checks);
-    for (size_t i = 0; i < CATALOG_SHAPES; i++)
-        free(t->shapes[i].bytes);
+    ces_shapes_destroy(t->shapes);
     free(t->pg_schema);
     free(t->pg_table);
     free(t);
@@ -309,7 +131,7 @@ bool ces_catalog_plain_inserts(const ces_catalog_table_t *t, uint64_t attempt) {
 }
 
 void ces_catalog_insert_taken(ces_catalog_table_t *t, uint64_t attempt) {
-    t->upsert_until = attempt + ces_catalog_upsert_attempts(t->insert_conflicts);
+    t->upsert_until = attempt + ces_tableplan_upsert_attempts(t->insert_conflicts);
     t->insert_conflicts++;
 }
 
@@ -317,255 +139,27 @@ long ces_catalog_resolve_column(ces_catalog_table_t *t, const char *source_name)
     uintptr_t v = (uintptr_t)ces_map_get(t->by_source, source_name, strlen(source_name));
     if (v != 0)
         return (long)v - 1;
-    char *f = ces_catalog_fold_name(source_name, t->preserve_case);
+    char *f = ces_tableplan_fold_name(source_name, t->preserve_case);
     if (f == NULL)
         return -1;
-    long idx = column_index(&t->desc, f);
+    long idx = ces_tableplan_column_index(&t->desc, f);
     free(f);
     if (idx >= 0)
         ces_map_put(t->by_source, source_name, strlen(source_name), (void *)(uintptr_t)(idx + 1));
     return idx;
 }
 
-static int table_add_column(ces_catalog_table_t *t, const char *name, const char *type,
-                            const char *cast, const ces_session_t *session) {
-    ces_catalog_desc_t *d = &t->desc;
-    if (d->ncols == t->capacity) {
-        size_t cap = t->capacity ? t->capacity * 2 : 16;
-        ces_catalog_column_t *cols = realloc(d->cols, cap * sizeof(*cols));
-        if (cols == NULL)
-            return -1;
-        d->cols = cols;
-        t->capacity = cap;
-    }
-    ces_catalog_column_t *c = &d->cols[d->ncols++];
-    c->name = strdup(name);
-    c->type = strdup(type);
-    c->cast = strdup(cast);
-    c->quoted = ces_session_quote(session, name);
-    c->conv = ces_types_conversion(type);
-    return c->name && c->type && c->cast && c->quoted ? 0 : -1;
-}
 
-/* Reads the table's columns and primary key from the catalog. Returns 1 when the table exists, 0
- * when it does not, -1 on error (in e). */
+/* Reads the table's columns and primary key from pg_catalog. Returns 1 when the table exists, 0
+ * when it does not, -1 on error (in e). Whatever was known of the old description goes. */
 static int table_load(const ces_catalog_t *cat, ces_session_t *session, ces_catalog_table_t *t,
                       ces_pgerr_t *e) {
-    static const char *sql =
-        "SELECT a.attname, format_type(a.atttypid, a.atttypmod),"
-        "       array_position(i.indkey::int2[], a.attnum) - array_lower(i.indkey::int2[], 1) + 1,"
-        "       format('%I.%I', tn.nspname, ty.typname), c.oid"
-        "  FROM pg_catalog.pg_attribute a"
-        "  JOIN pg_catalog.pg_class c ON c.oid = a.attrelid"
-        "  JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace"
-        "  JOIN pg_catalog.pg_type ty ON ty.oid = a.atttypid"
-        "  JOIN pg_catalog.pg_namespace tn ON tn.oid = ty.typnamespace"
-        "  LEFT JOIN pg_catalog.pg_index i ON i.indrelid = c.oid AND i.indisprimary"
-        " WHERE n.nspname = $1 AND c.relname = $2 AND c.relkind IN ('r', 'p')"
-        "   AND a.attnum > 0 AND NOT a.attisdropped"
-        " ORDER BY a.attnum";
-    ces_catalog_desc_t *d = &t->desc;
-    PGconn *conn = ces_session_conn(session);
-    const char *params[2] = {t->pg_schema, t->pg_table};
-    PGresult *r = PQexecParams(conn, sql, 2, NULL, params, NULL, NULL, 0);
-    if (PQresultStatus(r) != PGRES_TUPLES_OK) {
-        ces_pgerr_from_result(e, conn, r, -1);
-        PQclear(r);
-        return -1;
-    }
-    for (size_t i = 0; i < d->ncols; i++)
-        column_free(&d->cols[i]);
-    d->ncols = 0;
-    d->npk = 0;
-    d->version_col = -1;
     ces_map_clear(t->by_source, NULL, NULL);
     ces_map_clear(t->type_checks, NULL, NULL);
-    for (size_t i = 0; i < CATALOG_SHAPES; i++)
-        t->shapes[i].len = 0;
-    int rows = PQntuples(r);
-    free(d->pk);
-    d->pk = calloc((size_t)rows + 1, sizeof(size_t));
-    if (d->pk == NULL)
-        goto nomem;
-    for (int row = 0; row < rows; row++) {
-        if (table_add_column(t, PQgetvalue(r, row, 0), PQgetvalue(r, row, 1),
-                             PQgetvalue(r, row, 3), session) != 0)
-            goto nomem;
-        if (cat->lsn_guard && strcmp(PQgetvalue(r, row, 0), cat->version_column) == 0)
-            d->version_col = row;
-        d->oid = (unsigned)strtoul(PQgetvalue(r, row, 4), NULL, 10);
-    }
-    /* Primary key columns in key order (array_position is the 1-based place in the index). */
-    for (int pos = 1; pos <= rows; pos++) {
-        for (int row = 0; row < rows; row++) {
-            if (!PQgetisnull(r, row, 2) && atoi(PQgetvalue(r, row, 2)) == pos)
-                d->pk[d->npk++] = (size_t)row;
-        }
-    }
-    PQclear(r);
-    return rows > 0 ? 1 : 0;
-nomem:
-    PQclear(r);
-    ces_pgerr_set(e, CES_PGERR_FATAL, -1, NULL, "out of memory");
-    return -1;
-}
-
-/* The type of a new column (ces_catalog_new_column_type), warning about an unmapped one. */
-static void new_column_type(const ces_event_t *ev, const char *source_name, char *buf, size_t size,
-                            const char *table_name) {
-    const char *unmapped = ces_catalog_new_column_type(ev, source_name, buf, size);
-    if (unmapped != NULL)
-        ces_log_warning("table %s: column '%s' has SQL Server type '%s' with no mapping; stored "
-                        "as text",
-                        table_name, source_name, unmapped);
-}
-
-/* Appends the quoted, folded source name; -1 when out of memory. */
-static int add_folded_name(ces_strbuf_t *sql, const ces_session_t *session, const char *name,
-                           bool preserve_case) {
-    char *f = ces_catalog_fold_name(name, preserve_case);
-    char *q = f ? ces_session_quote(session, f) : NULL;
-    free(f);
-    if (q == NULL)
-        return -1;
-    ces_strbuf_add(sql, q);
-    free(q);
-    return 0;
-}
-
-/* The column list of CREATE TABLE: every column the event names, two source names that fold
- * alike making one column (the first wins). Returns -1 when out of memory. */
-static int add_new_columns(ces_strbuf_t *sql, const ces_catalog_t *cat,
-                           const ces_session_t *session, const ces_catalog_table_t *t,
-                           const ces_event_t *ev) {
-    namelist_t names = {0};
-    char **folded = NULL;
-    int rc = -1;
-    if (event_column_names(ev, &names) != 0 ||
-        (folded = calloc(names.count + 1, sizeof(char *))) == NULL)
-        goto done;
-    size_t ncols = 0;
-    for (size_t i = 0; i < names.count; i++) {
-        folded[i] = ces_catalog_fold_name(names.names[i], cat->preserve_case);
-        if (folded[i] == NULL)
-            goto done;
-        bool dup = false;
-        for (size_t j = 0; j < i; j++)
-            dup = dup || strcmp(folded[j], folded[i]) == 0;
-        if (dup)
-            continue;
-        char type[64];
-        new_column_type(ev, names.names[i], type, sizeof(type), t->desc.qualified);
-        char *q = ces_session_quote(session, folded[i]);
-        if (q == NULL)
-            goto done;
-        ces_strbuf_add(sql, ncols++ ? ", " : "");
-        ces_strbuf_add(sql, q);
-        ces_strbuf_add(sql, " ");
-        ces_strbuf_add(sql, type);
-        free(q);
-    }
-    rc = 0;
-done:
-    if (folded != NULL) {
-        for (size_t i = 0; i < names.count; i++)
-            free(folded[i]);
-    }
-    free(folded);
-    free(names.names);
-    return rc;
-}
-
-/* CREATE SCHEMA and CREATE TABLE from the event's columns, with its pkkey as the primary key.
- * Returns -1 when out of memory. */
-static int create_table_sql(ces_strbuf_t *sql, const ces_catalog_t *cat,
-                            const ces_session_t *session, const char *version_quoted,
-                            const ces_catalog_table_t *t, const ces_event_t *ev) {
-    char *schema = ces_session_quote(session, t->pg_schema);
-    if (schema == NULL)
-        return -1;
-    ces_strbuf_add(sql, "CREATE SCHEMA IF NOT EXISTS ");
-    ces_strbuf_add(sql, schema);
-    free(schema);
-    ces_strbuf_add(sql, ";\nCREATE TABLE IF NOT EXISTS ");
-    ces_strbuf_add(sql, t->desc.qualified);
-    ces_strbuf_add(sql, " (");
-    if (add_new_columns(sql, cat, session, t, ev) != 0)
-        return -1;
-    if (cat->lsn_guard) {
-        ces_strbuf_add(sql, ", ");
-        ces_strbuf_add(sql, version_quoted);
-        ces_strbuf_add(sql, " numeric");
-    }
-    ces_strbuf_add(sql, ", PRIMARY KEY (");
-    for (size_t i = 0; i < ev->npkkey; i++) {
-        ces_strbuf_add(sql, i ? ", " : "");
-        if (add_folded_name(sql, session, ev->pkkey[i].name, cat->preserve_case) != 0)
-            return -1;
-    }
-    ces_strbuf_add(sql, "))");
-    return sql->failed ? -1 : 0;
-}
-
-static int table_create(const ces_catalog_t *cat, ces_session_t *session,
-                        const char *version_quoted, const ces_catalog_table_t *t,
-                        const ces_event_t *ev, ces_pgerr_t *e) {
-    ces_strbuf_t sql = {0};
-    int rc = -1;
-    if (create_table_sql(&sql, cat, session, version_quoted, t, ev) != 0) {
-        ces_pgerr_set(e, CES_PGERR_FATAL, -1, NULL, "out of memory");
-    } else {
-        ces_log_info("creating table %s", t->desc.qualified);
-        rc = ces_session_exec_ddl(session, sql.buf, e);
-    }
-    ces_strbuf_free(&sql);
-    return rc;
-}
-
-/* Adds the event's columns that the table lacks (never drops or retypes). */
-static int table_evolve(const ces_catalog_t *cat, ces_session_t *session,
-                        const ces_catalog_table_t *t, const ces_event_t *ev, const char **missing,
-                        size_t nmissing, ces_pgerr_t *e) {
-    ces_strbuf_t sql = {0};
-    ces_strbuf_add(&sql, "ALTER TABLE ");
-    ces_strbuf_add(&sql, t->desc.qualified);
-    for (size_t i = 0; i < nmissing; i++) {
-        char type[64];
-        new_column_type(ev, missing[i], type, sizeof(type), t->desc.qualified);
-        ces_strbuf_add(&sql, i ? ", ADD COLUMN IF NOT EXISTS " : " ADD COLUMN IF NOT EXISTS ");
-        if (add_folded_name(&sql, session, missing[i], cat->preserve_case) != 0) {
-            ces_strbuf_free(&sql);
-            ces_pgerr_set(e, CES_PGERR_FATAL, -1, NULL, "out of memory");
-            return -1;
-        }
-        ces_strbuf_add(&sql, " ");
-        ces_strbuf_add(&sql, type);
-        ces_log_info("table %s: adding column for '%s' (%s)", t->desc.qualified, missing[i], type);
-    }
-    int rc = sql.failed ? -1 : ces_session_exec_ddl(session, sql.buf, e);
-    if (sql.failed)
-        ces_pgerr_set(e, CES_PGERR_FATAL, -1, NULL, "out of memory");
-    ces_strbuf_free(&sql);
-    return rc;
-}
-
-/* A table made before ces2pg (a backfill) is adopted: NULL is older than any event. */
-static int table_adopt(ces_session_t *session, const char *version_quoted,
-                       const ces_catalog_table_t *t, ces_pgerr_t *e) {
-    ces_strbuf_t sql = {0};
-    ces_strbuf_add(&sql, "ALTER TABLE ");
-    ces_strbuf_add(&sql, t->desc.qualified);
-    ces_strbuf_add(&sql, " ADD COLUMN IF NOT EXISTS ");
-    ces_strbuf_add(&sql, version_quoted);
-    ces_strbuf_add(&sql, " numeric");
-    ces_log_info("table %s: adding the version column %s", t->desc.qualified, version_quoted);
-    int rc = -1;
-    if (sql.failed)
-        ces_pgerr_set(e, CES_PGERR_FATAL, -1, NULL, "out of memory");
-    else
-        rc = ces_session_exec_ddl(session, sql.buf, e);
-    ces_strbuf_free(&sql);
-    return rc;
+    ces_shapes_clear(t->shapes);
+    return ces_pgcatalog_read(session, t->pg_schema, t->pg_table,
+                              cat->lsn_guard ? cat->version_column : NULL, &t->desc, &t->capacity,
+                              e);
 }
 
 /* The verdict on one (column, type), cached in t->type_checks; 0 when out of memory. Each
@@ -585,8 +179,9 @@ static uintptr_t column_verdict(ces_catalog_t *cat, ces_catalog_table_t *t, cons
         return verdict;
     long col = ces_catalog_resolve_column(t, c->name);
     const ces_catalog_column_t *target = col >= 0 ? &t->desc.cols[col] : NULL;
-    verdict = target == NULL || !ces_catalog_type_conflicts(target->cast, c->type) ? TYPE_FITS
-                                                                                   : TYPE_CONFLICT;
+    verdict = target == NULL || !ces_tableplan_type_conflicts(target->cast, c->type)
+                  ? TYPE_FITS
+                  : TYPE_CONFLICT;
     if (verdict == TYPE_CONFLICT)
         ces_log_warning("table %s: type conflict: column %s is %s in PostgreSQL, but the "
                         "source now sends %s; its events go to the dead-letter table",
@@ -650,16 +245,17 @@ static ces_catalog_table_t *table_new(ces_catalog_t *cat, const ces_session_t *s
     t->desc.version_col = -1;
     t->by_source = ces_map_new();
     t->type_checks = ces_map_new();
+    t->shapes = ces_shapes_new();
     t->preserve_case = cat->preserve_case;
-    char *schema = ces_catalog_expand_target(cat->target_schema, ev);
-    char *table = ces_catalog_expand_target(cat->target_table, ev);
-    t->pg_schema = schema ? ces_catalog_fold_name(schema, cat->preserve_case) : NULL;
-    t->pg_table = table ? ces_catalog_fold_name(table, cat->preserve_case) : NULL;
+    char *schema = ces_tableplan_expand_target(cat->target_schema, ev);
+    char *table = ces_tableplan_expand_target(cat->target_table, ev);
+    t->pg_schema = schema ? ces_tableplan_fold_name(schema, cat->preserve_case) : NULL;
+    t->pg_table = table ? ces_tableplan_fold_name(table, cat->preserve_case) : NULL;
     free(schema);
     free(table);
     char *qs = t->pg_schema ? ces_session_quote(session, t->pg_schema) : NULL;
     char *qt = t->pg_table ? ces_session_quote(session, t->pg_table) : NULL;
-    if (qs && qt && t->by_source && t->type_checks) {
+    if (qs && qt && t->by_source && t->type_checks && t->shapes) {
         t->desc.qualified = malloc(strlen(qs) + strlen(qt) + 2);
         if (t->desc.qualified)
             sprintf(t->desc.qualified, "%s.%s", qs, qt);
@@ -713,7 +309,9 @@ static int table_first_load(ces_catalog_t *cat, ces_session_t *session, const ch
             t->absent_attempt = attempt;
             return -1;
         }
-        if (table_create(cat, session, version_quoted, t, ev, e) != 0)
+        if (ces_pgcatalog_create(session, t->pg_schema, t->desc.qualified,
+                                 cat->lsn_guard ? version_quoted : NULL, cat->preserve_case, ev,
+                                 e) != 0)
             return -1;
         int created = table_load(cat, session, t, e);
         if (created == 0)
@@ -723,7 +321,8 @@ static int table_first_load(ces_catalog_t *cat, ces_session_t *session, const ch
             return -1;
     }
     if (cat->lsn_guard && t->desc.version_col < 0 &&
-        (table_adopt(session, version_quoted, t, e) != 0 || table_load(cat, session, t, e) < 0))
+        (ces_pgcatalog_adopt(session, t->desc.qualified, version_quoted, e) != 0 ||
+         table_load(cat, session, t, e) < 0))
         return -1;
     t->loaded = true;
     return 0;
@@ -736,7 +335,8 @@ static int table_add_missing(const ces_catalog_t *cat, ces_session_t *session,
                              ces_reject_t *reject, ces_pgerr_t *e) {
     const char **missing;
     size_t nmissing;
-    if (ces_catalog_missing_columns(&t->desc, cat->preserve_case, ev, &missing, &nmissing) != 0) {
+    if (ces_tableplan_missing_columns(&t->desc, cat->preserve_case, ev, &missing, &nmissing) !=
+        0) {
         ces_pgerr_set(e, CES_PGERR_FATAL, -1, NULL, "out of memory");
         return -1;
     }
@@ -755,135 +355,20 @@ static int table_add_missing(const ces_catalog_t *cat, ces_session_t *session,
                 missing[still++] = missing[i];
         }
         nmissing = still;
-        if (nmissing > 0 && (table_evolve(cat, session, t, ev, missing, nmissing, e) != 0 ||
+        if (nmissing > 0 && (ces_pgcatalog_evolve(session, t->desc.qualified, cat->preserve_case,
+                                                  ev, missing, nmissing, e) != 0 ||
                              table_load(cat, session, t, e) < 0))
             rc = -1;
     }
     for (size_t i = 0; rc >= 0 && i < nmissing; i++) {
         if (ces_catalog_resolve_column(t, missing[i]) < 0)
-            *reject = (ces_reject_t){CES_DL_SCHEMA,
-                                     "a column of the event could not be added to the target table"};
+            *reject = (ces_reject_t){
+                CES_DL_SCHEMA, "a column of the event could not be added to the target table"};
     }
     free(missing);
     return rc < 0 || reject->reason != NULL ? -1 : 0;
 }
 
-/*
- * An event's shape: the counts of its column list and images, then every column name and type and
- * every field name of pkkey, current and old, each with its NUL (what a compact copy holds in one
- * run, ces_event_t's shape, compared with one memcmp). Events of a table nearly always repeat a
- * few shapes, so the table keeps the last shapes that passed every check, and an event of exactly
- * such a shape (a byte-for-byte comparison, so no collision can let an unchecked shape through)
- * needs no name lookups and no type checks: they would give the same answers against the same
- * description.
- */
-static bool shape_text_matches(const char **cursor, const char *end, const char *s) {
-    const char *c = *cursor;
-    for (;; c++, s++) {
-        if (c == end || *c != *s)
-            return false;
-        if (*s == '\0')
-            break;
-    }
-    *cursor = c + 1;
-    return true;
-}
-
-static bool shape_fields_match(const char **cursor, const char *end, const ces_field_t *f,
-                               size_t n) {
-    for (size_t i = 0; i < n; i++) {
-        if (!shape_text_matches(cursor, end, f[i].name))
-            return false;
-    }
-    return true;
-}
-
-static bool shape_matches(const shape_t *shape, const ces_event_t *ev) {
-    const size_t counts[4] = {ev->ncols, ev->npkkey, ev->ncurrent, ev->nold};
-    if (shape->len < sizeof(counts))
-        return false;
-    /* Compared as four words, not with memcmp: a table's INS, UPD and DEL shapes differ in their
-     * counts, and on `mixed` (INS, UPD and DEL interleaved) most shapes tried differ there. */
-    size_t known[4];
-    memcpy(known, shape->bytes, sizeof(known));
-    if (known[0] != counts[0] || known[1] != counts[1] || known[2] != counts[2] ||
-        known[3] != counts[3])
-        return false;
-    if (ev->shape != NULL) /* a compact copy holds its shape's names as written here */
-        return shape->len - sizeof(counts) == ev->shape_len &&
-               memcmp(shape->bytes + sizeof(counts), ev->shape, ev->shape_len) == 0;
-    const char *cursor = shape->bytes + sizeof(counts), *end = shape->bytes + shape->len;
-    for (size_t i = 0; i < ev->ncols; i++) {
-        if (!shape_text_matches(&cursor, end, ev->cols[i].name) ||
-            !shape_text_matches(&cursor, end, ev->cols[i].type))
-            return false;
-    }
-    return shape_fields_match(&cursor, end, ev->pkkey, ev->npkkey) &&
-           shape_fields_match(&cursor, end, ev->current, ev->ncurrent) &&
-           shape_fields_match(&cursor, end, ev->old, ev->nold) && cursor == end;
-}
-
-static bool shape_known(ces_catalog_table_t *t, const ces_event_t *ev) {
-    for (unsigned i = 0; i < CATALOG_SHAPES; i++) {
-        unsigned slot = (t->matched_shape + i) % CATALOG_SHAPES;
-        if (shape_matches(&t->shapes[slot], ev)) {
-            t->matched_shape = slot;
-            return true;
-        }
-    }
-    return false;
-}
-
-/* Appends n bytes to the shape being written; false when out of memory. */
-static bool shape_put(shape_t *shape, const void *bytes, size_t n) {
-    if (shape->cap - shape->len < n) {
-        size_t cap = shape->cap ? shape->cap : 256;
-        while (cap - shape->len < n)
-            cap *= 2;
-        char *bigger = realloc(shape->bytes, cap);
-        if (bigger == NULL)
-            return false;
-        shape->bytes = bigger;
-        shape->cap = cap;
-    }
-    memcpy(shape->bytes + shape->len, bytes, n);
-    shape->len += n;
-    return true;
-}
-
-static bool shape_put_text(shape_t *shape, const char *s) {
-    return shape_put(shape, s, strlen(s) + 1);
-}
-
-static bool shape_put_fields(shape_t *shape, const ces_field_t *f, size_t n) {
-    for (size_t i = 0; i < n; i++) {
-        if (!shape_put_text(shape, f[i].name))
-            return false;
-    }
-    return true;
-}
-
-/* Keeps ev's shape as one that passed, in place of the oldest (out of memory: that slot keeps
- * none, which only costs time). */
-static void shape_remember(ces_catalog_table_t *t, const ces_event_t *ev) {
-    shape_t *shape = &t->shapes[t->next_shape];
-    t->next_shape = (t->next_shape + 1) % CATALOG_SHAPES;
-    const size_t counts[4] = {ev->ncols, ev->npkkey, ev->ncurrent, ev->nold};
-    shape->len = 0;
-    bool ok = shape_put(shape, counts, sizeof(counts));
-    if (ev->shape != NULL) {
-        if (!ok || !shape_put(shape, ev->shape, ev->shape_len))
-            shape->len = 0;
-        return;
-    }
-    for (size_t i = 0; ok && i < ev->ncols; i++)
-        ok = shape_put_text(shape, ev->cols[i].name) && shape_put_text(shape, ev->cols[i].type);
-    ok = ok && shape_put_fields(shape, ev->pkkey, ev->npkkey) &&
-         shape_put_fields(shape, ev->current, ev->ncurrent) &&
-         shape_put_fields(shape, ev->old, ev->nold);
-    if (!ok)
-        shape->len = 0;
-}
 
 ces_catalog_table_t *ces_catalog_ensure(ces_catalog_t *cat, ces_session_t *session,
                                         const char *version_quoted, const ces_event_t *ev,
@@ -906,7 +391,7 @@ ces_catalog_table_t *ces_catalog_ensure(ces_catalog_t *cat, ces_session_t *sessi
         cat->last = t;
         cat->last_klen = klen;
     }
-    if (t->loaded && shape_known(t, ev))
+    if (t->loaded && ces_shapes_known(t->shapes, ev))
         return t;
     bool fresh = false;
     if (!t->loaded) {
@@ -931,6 +416,6 @@ ces_catalog_table_t *ces_catalog_ensure(ces_catalog_t *cat, ces_session_t *sessi
     if (type_conflict(cat, t, ev, reject, &unchecked))
         return NULL;
     if (!unchecked)
-        shape_remember(t, ev);
+        ces_shapes_remember(t->shapes, ev);
     return t;
 }

@@ -9,8 +9,9 @@
  * map and what is guaranteed about target tables are in docs/semantics.md.
  *
  * What statements need of a table is its description (ces_catalog_desc_t), read-only outside the
- * catalog. The decisions (names, types, missing columns, conflicts) are pure functions at the end
- * of this header, testable without a server.
+ * catalog. The catalog keeps the tables and decides when each is read, created or extended; the
+ * reading and the DDL are pgcatalog.h's, the decisions that need no server (names, types, missing
+ * columns, conflicts) tableplan.h's, and the event shapes a table has passed shapes.h's.
  */
 #ifndef CES_CATALOG_H
 #define CES_CATALOG_H
@@ -106,46 +107,7 @@ bool ces_catalog_note_no_old_image(ces_catalog_table_t *table);
  * INSERTs in attempt number attempt unless a recent one found its key taken. */
 bool ces_catalog_plain_inserts(const ces_catalog_table_t *table, uint64_t attempt);
 /* A plain INSERT of table found its key taken in attempt: upserts only, for the next
- * ces_catalog_upsert_attempts() attempts. */
+ * ces_tableplan_upsert_attempts() attempts. */
 void ces_catalog_insert_taken(ces_catalog_table_t *table, uint64_t attempt);
-#define CES_CATALOG_UPSERT_ATTEMPTS 64u
-#define CES_CATALOG_UPSERT_MAX_DOUBLINGS 6u
-
-/* ---------------------------------------------------------------------------------------------- */
-/* Pure decisions                                                                                 */
-
-/* name lower-cased in its ASCII letters (as PostgreSQL does for unquoted names) unless
- * preserve_case, and clipped to CES_CATALOG_NAME_MAX bytes without splitting a UTF-8 character.
- * Returns a malloc'd string owned by the caller, or NULL when out of memory. */
-char *ces_catalog_fold_name(const char *name, bool preserve_case)
-    __attribute__((warn_unused_result));
-
-/* pattern (one part of schema.target) with {db}, {schema} and {table} replaced by ev's source
- * names. Returns a malloc'd string owned by the caller, or NULL when out of memory. */
-char *ces_catalog_expand_target(const char *pattern, const ces_event_t *ev)
-    __attribute__((warn_unused_result));
-
-/* Writes into buf the PostgreSQL type a new column for source_name gets: its SQL Server type
- * mapped (ces_types_map), or text when the event announces no type. Returns the SQL Server type
- * when it has no mapping (the column is text, and the caller warns), else NULL. */
-const char *ces_catalog_new_column_type(const ces_event_t *ev, const char *source_name, char *buf,
-                                        size_t size);
-
-/* The source names of the columns ev mentions (cols, pkkey, current, old; each once) that table
- * has no column for, in that order. *missing is a malloc'd array owned by the caller (its strings
- * are ev's). Returns 0, or -1 when out of memory. */
-int ces_catalog_missing_columns(const ces_catalog_desc_t *table, bool preserve_case,
-                                const ces_event_t *ev, const char ***missing, size_t *nmissing)
-    __attribute__((warn_unused_result));
-
-/* How many attempts a table sends upserts only after a plain INSERT found its key taken, when
- * that happened taken_before times before: CES_CATALOG_UPSERT_ATTEMPTS, doubling with each taken
- * key at most CES_CATALOG_UPSERT_MAX_DOUBLINGS times (64 up to 4,096), so that a table whose keys
- * keep being taken costs little. */
-uint64_t ces_catalog_upsert_attempts(unsigned taken_before);
-
-/* True when a target column cast to target_cast (ces_catalog_column_t.cast, e.g.
- * "pg_catalog.int4") cannot hold values of SQL Server type source_type: a type conflict. */
-bool ces_catalog_type_conflicts(const char *target_cast, const char *source_type);
 
 #endif

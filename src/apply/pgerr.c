@@ -40,11 +40,11 @@ static bool in_classes(const char *sqlstate, const char *const *classes, size_t 
     return false;
 }
 
-void ces_pgerr_set(ces_pgerr_t *e, ces_pgerr_class_t cls, long item, const char *sqlstate,
+void ces_pgerr_set(ces_pgerr_t *e, ces_pgerr_action_t action, long item, const char *sqlstate,
                    const char *fmt, ...) {
-    if (e->cls != CES_PGERR_NONE)
+    if (e->action != CES_PGERR_NONE)
         return;
-    e->cls = cls;
+    e->action = action;
     e->failed_item = item;
     snprintf(e->sqlstate, sizeof(e->sqlstate), "%s", sqlstate ? sqlstate : "");
     va_list ap;
@@ -67,7 +67,7 @@ void ces_pgerr_from_result(ces_pgerr_t *e, const PGconn *conn, const PGresult *r
 
 void ces_pgerr_clear(ces_pgerr_t *e) { *e = (ces_pgerr_t)CES_PGERR_INIT; }
 
-ces_pgerr_class_t ces_pgerr_classify(const char *sqlstate, bool connection_ok) {
+ces_pgerr_action_t ces_pgerr_classify(const char *sqlstate, bool connection_ok) {
     if (!connection_ok || sqlstate == NULL || sqlstate[0] == '\0')
         return CES_PGERR_RETRY;
     if (in_classes(sqlstate, retry_classes, COUNT(retry_classes)) ||
@@ -80,14 +80,29 @@ ces_pgerr_class_t ces_pgerr_classify(const char *sqlstate, bool connection_ok) {
     return CES_PGERR_FATAL;
 }
 
-ces_pgerr_class_t ces_pgerr_classify_connect_failure(const char *message) {
-    static const char *const fatal[] = {"password authentication failed", "does not exist",
-                                        "no pg_hba.conf entry", "authentication failed",
-                                        "permission denied", "invalid connection option",
-                                        "missing \"=\"", "invalid sslmode", "certificate"};
-    for (size_t i = 0; i < COUNT(fatal); i++) {
-        if (strstr(message, fatal[i]) != NULL)
-            return CES_PGERR_FATAL;
+/* Texts of a failed connection's message that make it not worth retrying: the server's refusals
+ * (with the SQLSTATE libpq does not keep), then libpq's own failures, which have none. */
+static const ces_pgerr_connect_text_t connect_texts[] = {
+    {"password authentication failed", CES_PGERR_FATAL}, /* 28P01 invalid_password */
+    {"does not exist", CES_PGERR_FATAL}, /* 3D000 invalid_catalog_name, 28000 (a role) */
+    {"no pg_hba.conf entry", CES_PGERR_FATAL}, /* 28000 invalid_authorization_specification */
+    {"authentication failed", CES_PGERR_FATAL}, /* 28000, 28P01 (other methods) */
+    {"permission denied", CES_PGERR_FATAL},     /* 42501 insufficient_privilege (CONNECT) */
+    {"invalid connection option", CES_PGERR_FATAL},
+    {"missing \"=\"", CES_PGERR_FATAL},
+    {"invalid sslmode", CES_PGERR_FATAL},
+    {"certificate", CES_PGERR_FATAL},
+};
+
+const ces_pgerr_connect_text_t *ces_pgerr_connect_texts(size_t *n) {
+    *n = COUNT(connect_texts);
+    return connect_texts;
+}
+
+ces_pgerr_action_t ces_pgerr_classify_connect_failure(const char *message) {
+    for (size_t i = 0; i < COUNT(connect_texts); i++) {
+        if (strstr(message, connect_texts[i].text) != NULL)
+            return connect_texts[i].action;
     }
     return CES_PGERR_RETRY;
 }
@@ -96,6 +111,7 @@ bool ces_pgerr_is_ddl_race(const char *sqlstate) {
     return sqlstate != NULL && in_list(sqlstate, ddl_race_codes, COUNT(ddl_race_codes));
 }
 
-bool ces_pgerr_undoes_only_the_step(ces_pgerr_class_t cls) {
-    return cls == CES_PGERR_DATA || cls == CES_PGERR_BULK || cls == CES_PGERR_INSERT_TAKEN;
+bool ces_pgerr_undoes_only_the_step(ces_pgerr_action_t action) {
+    return action == CES_PGERR_DATA || action == CES_PGERR_RETRY_ROW_BY_ROW ||
+           action == CES_PGERR_RETRY_WITH_UPSERTS;
 }

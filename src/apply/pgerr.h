@@ -3,15 +3,21 @@
  *
  * SQLSTATEs carry PostgreSQL's own names (errcodes.txt, as pgbench.c spells them), so that no code
  * outside this header is a bare literal. Classifying one is pure: it needs the SQLSTATE and whether
- * the connection still works, no server. The classes decide what the apply room does next: retry
- * with backoff, dead-letter one change, reload a table, give up (the failure semantics are in
- * docs/semantics.md).
+ * the connection still works (PQstatus), no server, and never the message's wording. The outcome is
+ * what the apply room does next: retry with backoff, dead-letter one change, reload a table, give
+ * up, or retry the batch another way (the failure semantics are in docs/semantics.md).
+ *
+ * A failed connection is the one place where only text exists: libpq keeps no SQLSTATE of a
+ * refused startup (PQgetResult then gives a result without PG_DIAG_SQLSTATE), and its own
+ * failures (a bad option, a certificate) have none. Those are told by one table of texts
+ * (ces_pgerr_connect_texts).
  */
 #ifndef CES_PGERR_H
 #define CES_PGERR_H
 
 #include <libpq-fe.h>
 #include <stdbool.h>
+#include <stddef.h>
 
 /* Single SQLSTATEs. */
 #define ERRCODE_T_R_SERIALIZATION_FAILURE "40001"
@@ -38,36 +44,37 @@
 #define ERRCODE_CLASS_INSUFFICIENT_RESOURCES "53"
 #define ERRCODE_CLASS_PROGRAM_LIMIT_EXCEEDED "54"
 
-/* What went wrong in one attempt, and what to do about it. */
+/* What an attempt must do next. The first six follow a failure (or its absence); the last two are
+ * no failure of the batch but a change of strategy: the same batch is tried again another way. */
 typedef enum {
-    CES_PGERR_NONE = 0,
-    CES_PGERR_RETRY, /* transient: roll back, back off, try again */
-    CES_PGERR_DATA,  /* bad data in one change: dead-letter it (failed_item) */
-    CES_PGERR_STALE, /* the table changed underneath: forget cached tables, try again */
-    CES_PGERR_FENCED, /* another instance moved a stored position: give the batch up */
-    CES_PGERR_FATAL,  /* cannot go on */
-    CES_PGERR_BULK,   /* a bulk statement hit bad data: retry the batch row by row to find it */
-    CES_PGERR_INSERT_TAKEN, /* a plain INSERT found its key taken: retry the batch with upserts */
-} ces_pgerr_class_t;
+    CES_PGERR_NONE = 0, /* nothing: the attempt succeeded */
+    CES_PGERR_RETRY,    /* transient: roll back, back off, try again */
+    CES_PGERR_DATA,     /* bad data in one change: dead-letter it (failed_item), try again */
+    CES_PGERR_STALE,    /* the table changed underneath: forget cached tables, try again */
+    CES_PGERR_FENCED,   /* another instance moved a stored position: give the batch up */
+    CES_PGERR_FATAL,    /* cannot go on: stop */
+    CES_PGERR_RETRY_ROW_BY_ROW,   /* a bulk statement hit bad data: row by row finds the change */
+    CES_PGERR_RETRY_WITH_UPSERTS, /* a plain INSERT found its key taken: upserts instead (bulk.h) */
+} ces_pgerr_action_t;
 
 struct ces_catalog_table_s; /* catalog.h */
 
 /* The first error of an attempt. Initialise with CES_PGERR_INIT. */
 typedef struct ces_pgerr_s {
-    ces_pgerr_class_t cls;
+    ces_pgerr_action_t action;
     long failed_item; /* index into the batch, or -1 */
     bool in_commit;   /* the failure hit COMMIT: the outcome is unknown */
     char sqlstate[6]; /* "" when PostgreSQL gave none */
     char message[512];
-    struct ces_catalog_table_s *taken; /* CES_PGERR_INSERT_TAKEN: reference to the table of the
-                                        * plain INSERT (owned by the catalog) */
+    struct ces_catalog_table_s *taken; /* CES_PGERR_RETRY_WITH_UPSERTS: reference to the table
+                                        * of the plain INSERT (owned by the catalog) */
 } ces_pgerr_t;
 
 #define CES_PGERR_INIT {.failed_item = -1}
 
 /* Records an error unless e already holds one: later errors are consequences of the first. The
  * message is cut to fit and loses trailing newlines and spaces. sqlstate may be NULL. */
-void ces_pgerr_set(ces_pgerr_t *e, ces_pgerr_class_t cls, long item, const char *sqlstate,
+void ces_pgerr_set(ces_pgerr_t *e, ces_pgerr_action_t action, long item, const char *sqlstate,
                    const char *fmt, ...) __attribute__((format(printf, 5, 6)));
 
 /* Records the error of res (NULL: of conn, e.g. a lost connection), classified. */
@@ -76,14 +83,24 @@ void ces_pgerr_from_result(ces_pgerr_t *e, const PGconn *conn, const PGresult *r
 /* Forgets the error: e is as CES_PGERR_INIT made it. */
 void ces_pgerr_clear(ces_pgerr_t *e);
 
-/* The class of a failed statement's SQLSTATE (NULL or "" when the server sent none). Without a
- * working connection, or without a SQLSTATE, every failure is worth a retry. */
-ces_pgerr_class_t ces_pgerr_classify(const char *sqlstate, bool connection_ok);
+/* What follows a failed statement, by its SQLSTATE (NULL or "" when the server sent none). Without
+ * a working connection, or without a SQLSTATE, every failure is worth a retry. */
+ces_pgerr_action_t ces_pgerr_classify(const char *sqlstate, bool connection_ok);
 
-/* The class of a failed connection attempt, from libpq's message: a refused or unreachable server
- * is worth retrying (CES_PGERR_RETRY), a rejected login or a missing database is not
- * (CES_PGERR_FATAL). */
-ces_pgerr_class_t ces_pgerr_classify_connect_failure(const char *message);
+/* A text of libpq's message for a failed connection, and what a message holding it means. */
+typedef struct {
+    const char *text;
+    ces_pgerr_action_t action;
+} ces_pgerr_connect_text_t;
+
+/* The one table of texts ces_pgerr_classify_connect_failure decides by; its length in *n. */
+const ces_pgerr_connect_text_t *ces_pgerr_connect_texts(size_t *n);
+
+/* What follows a failed connection attempt (PQstatus not CONNECTION_OK), from libpq's message: the
+ * action of the first text of ces_pgerr_connect_texts it holds (a rejected login, a missing
+ * database, a configuration libpq refuses: CES_PGERR_FATAL), else CES_PGERR_RETRY (a refused or
+ * unreachable server, one starting up). */
+ces_pgerr_action_t ces_pgerr_classify_connect_failure(const char *message);
 
 /* True for the SQLSTATEs a session gets when another one ran the same idempotent DDL at the same
  * moment (IF NOT EXISTS does not stop two from trying): the DDL is done, by the other session. */
@@ -91,6 +108,6 @@ bool ces_pgerr_is_ddl_race(const char *sqlstate);
 
 /* Errors of one change's data (or a plain INSERT's taken key): in a stream, only the step is
  * undone and sent again; the transaction goes on. */
-bool ces_pgerr_undoes_only_the_step(ces_pgerr_class_t cls);
+bool ces_pgerr_undoes_only_the_step(ces_pgerr_action_t action);
 
 #endif

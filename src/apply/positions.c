@@ -166,7 +166,7 @@ int ces_positions_set_schema(ces_positions_t *p, const char *schema_quoted) {
     ces_strbuf_t update = {0}, read = {0}, gap = {0};
     /* The fence: the position is stored only over the one this instance read ($5; NULL: none).
      * If another instance moved it, nothing is stored and the division by zero
-     * (ERRCODE_DIVISION_BY_ZERO, recognised by ces_positions_fence_raised as the sender drains the
+     * (ERRCODE_DIVISION_BY_ZERO, recognised by ces_positions_fence_raised as inflight.h drains the
      * pipeline) aborts the transaction before the COMMIT that follows it in the same pipeline. */
     ces_strbuf_add(&update, "WITH stored AS (INSERT INTO ");
     ces_strbuf_add(&update, schema_quoted);

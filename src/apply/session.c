@@ -141,10 +141,9 @@ int ces_session_connect_once(ces_session_t *s, ces_pgerr_t *e) {
      * table was small scans it instead. PostgreSQL keeps a prepared statement's generic plan
      * after five executions, until the table is next analysed: a replica that starts small and
      * grows fast then scans the tombstones for every new key and the table for every delete
-     * statement (in psql, 1,000 deletes in a table of 200,000 rows took 60 s instead of 11 ms).
-     * So each execution is planned for its parameters and the tables' sizes of the moment (about
-     * 0.2 ms per bulk statement). Hash and merge joins stay off: every statement joins its rows
-     * to a table by key. */
+     * statement. So each execution is planned for its parameters and the tables' sizes of the
+     * moment, at the price of planning every bulk statement. Hash and merge joins stay off: every
+     * statement joins its rows to a table by key. */
     if (ces_session_exec(s, "SET DateStyle = 'ISO, YMD'; SET IntervalStyle = 'postgres';"
                             " SET extra_float_digits = 3; SET client_encoding = 'UTF8';"
                             " SET enable_hashjoin = off; SET enable_mergejoin = off",
@@ -196,7 +195,7 @@ ces_session_status_t ces_session_ensure_connected(ces_session_t *s, char *errstr
         ces_pgerr_t e = CES_PGERR_INIT;
         if (ces_session_connect_once(s, &e) == 0)
             break;
-        if (e.cls != CES_PGERR_RETRY) {
+        if (e.action != CES_PGERR_RETRY) {
             snprintf(errstr, errstr_size, "%s", e.message);
             return CES_SESSION_FATAL;
         }

@@ -5,7 +5,7 @@
 #include <yajl/yajl_gen.h>
 
 #include "apply/adopt.h"
-#include "apply/catalog.h"
+#include "apply/tableplan.h"
 #include "input/consumer.h"
 #include "format/json.h"
 #include "util/log.h"
@@ -653,7 +653,7 @@ static char *target_schema(const ces_config_t *config, bool preserve_case) {
     if (dot == NULL || memchr(target, '{', (size_t)(dot - target)) != NULL)
         return NULL;
     char *part = strndup(target, (size_t)(dot - target));
-    char *folded = part != NULL ? ces_catalog_fold_name(part, preserve_case) : NULL;
+    char *folded = part != NULL ? ces_tableplan_fold_name(part, preserve_case) : NULL;
     free(part);
     return folded;
 }
@@ -662,8 +662,8 @@ static char *target_schema(const ces_config_t *config, bool preserve_case) {
 static void adopt_named(adopting_t *ad, const char *name, bool preserve_case) {
     const char *dot = strchr(name, '.');
     char *schema = dot != NULL ? strndup(name, (size_t)(dot - name)) : NULL;
-    char *fs = schema != NULL ? ces_catalog_fold_name(schema, preserve_case) : NULL;
-    char *ft = dot != NULL ? ces_catalog_fold_name(dot + 1, preserve_case) : NULL;
+    char *fs = schema != NULL ? ces_tableplan_fold_name(schema, preserve_case) : NULL;
+    char *ft = dot != NULL ? ces_tableplan_fold_name(dot + 1, preserve_case) : NULL;
     if (fs != NULL && ft != NULL && fs[0] != '\0' && ft[0] != '\0') {
         adopt_one(ad, fs, ft, false);
     } else {

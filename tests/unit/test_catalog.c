@@ -3,6 +3,7 @@
 #include "test_util.h"
 
 #include "apply/catalog.h"
+#include "apply/tableplan.h"
 
 static ces_event_t sample_event(void) {
     static ces_column_t cols[] = {TEST_COLUMN("ID", "int"),
@@ -33,21 +34,21 @@ static void new_column_types(void **state) {
     (void)state;
     ces_event_t ev = sample_event();
     char type[64];
-    assert_null(ces_catalog_new_column_type(&ev, "ID", type, sizeof(type)));
+    assert_null(ces_tableplan_new_column_type(&ev, "ID", type, sizeof(type)));
     assert_string_equal(type, "integer");
-    assert_null(ces_catalog_new_column_type(&ev, "Name", type, sizeof(type)));
+    assert_null(ces_tableplan_new_column_type(&ev, "Name", type, sizeof(type)));
     assert_string_equal(type, "varchar(50)");
-    assert_null(ces_catalog_new_column_type(&ev, "Price", type, sizeof(type)));
+    assert_null(ces_tableplan_new_column_type(&ev, "Price", type, sizeof(type)));
     assert_string_equal(type, "numeric(10,2)");
     /* An unmapped type is stored as text, and named for the caller's warning. */
-    assert_string_equal(ces_catalog_new_column_type(&ev, "Shape", type, sizeof(type)),
+    assert_string_equal(ces_tableplan_new_column_type(&ev, "Shape", type, sizeof(type)),
                         "geography");
     assert_string_equal(type, "text");
     /* A column the event does not announce in cols (only in an image) is text, silently. */
-    assert_null(ces_catalog_new_column_type(&ev, "Extra", type, sizeof(type)));
+    assert_null(ces_tableplan_new_column_type(&ev, "Extra", type, sizeof(type)));
     assert_string_equal(type, "text");
     /* Names are matched exactly: announcing "ID" says nothing about "id". */
-    assert_null(ces_catalog_new_column_type(&ev, "id", type, sizeof(type)));
+    assert_null(ces_tableplan_new_column_type(&ev, "id", type, sizeof(type)));
     assert_string_equal(type, "text");
 }
 
@@ -55,7 +56,7 @@ static void check_missing(const ces_catalog_desc_t *t, bool preserve_case, const
                           const char *const *want, size_t nwant) {
     const char **missing = NULL;
     size_t n = 99;
-    assert_int_equal(ces_catalog_missing_columns(t, preserve_case, ev, &missing, &n), 0);
+    assert_int_equal(ces_tableplan_missing_columns(t, preserve_case, ev, &missing, &n), 0);
     assert_non_null(missing);
     assert_int_equal(n, nwant);
     for (size_t i = 0; i < nwant; i++)
@@ -85,38 +86,38 @@ static void missing_columns(void **state) {
 static void type_conflicts(void **state) {
     (void)state;
     /* int became nvarchar: the integer column cannot hold it. */
-    assert_true(ces_catalog_type_conflicts("pg_catalog.int4", "nvarchar(50)"));
-    assert_true(ces_catalog_type_conflicts("pg_catalog.int4", "datetime2(7)"));
-    assert_true(ces_catalog_type_conflicts("pg_catalog.bool", "int"));
-    assert_true(ces_catalog_type_conflicts("pg_catalog.uuid", "nvarchar(36)"));
-    assert_true(ces_catalog_type_conflicts("pg_catalog.timestamptz", "date"));
-    assert_true(ces_catalog_type_conflicts("pg_catalog.bytea", "int"));
+    assert_true(ces_tableplan_type_conflicts("pg_catalog.int4", "nvarchar(50)"));
+    assert_true(ces_tableplan_type_conflicts("pg_catalog.int4", "datetime2(7)"));
+    assert_true(ces_tableplan_type_conflicts("pg_catalog.bool", "int"));
+    assert_true(ces_tableplan_type_conflicts("pg_catalog.uuid", "nvarchar(36)"));
+    assert_true(ces_tableplan_type_conflicts("pg_catalog.timestamptz", "date"));
+    assert_true(ces_tableplan_type_conflicts("pg_catalog.bytea", "int"));
     /* Type names that are keywords come quoted from format('%I.%I'). */
-    assert_true(ces_catalog_type_conflicts("pg_catalog.\"numeric\"", "nvarchar(20)"));
-    assert_true(ces_catalog_type_conflicts("pg_catalog.\"timestamp\"", "int"));
-    assert_true(ces_catalog_type_conflicts("pg_catalog.\"time\"", "bit"));
-    assert_false(ces_catalog_type_conflicts("pg_catalog.\"varchar\"", "int"));
-    assert_false(ces_catalog_type_conflicts("pg_catalog.\"numeric\"", "decimal(12,2)"));
+    assert_true(ces_tableplan_type_conflicts("pg_catalog.\"numeric\"", "nvarchar(20)"));
+    assert_true(ces_tableplan_type_conflicts("pg_catalog.\"timestamp\"", "int"));
+    assert_true(ces_tableplan_type_conflicts("pg_catalog.\"time\"", "bit"));
+    assert_false(ces_tableplan_type_conflicts("pg_catalog.\"varchar\"", "int"));
+    assert_false(ces_tableplan_type_conflicts("pg_catalog.\"numeric\"", "decimal(12,2)"));
     /* Text holds anything. */
-    assert_false(ces_catalog_type_conflicts("pg_catalog.text", "int"));
-    assert_false(ces_catalog_type_conflicts("pg_catalog.bpchar", "datetime2(7)"));
-    assert_false(ces_catalog_type_conflicts("pg_catalog.text", "uniqueidentifier"));
-    assert_false(ces_catalog_type_conflicts("pg_catalog.text", "geography"));
+    assert_false(ces_tableplan_type_conflicts("pg_catalog.text", "int"));
+    assert_false(ces_tableplan_type_conflicts("pg_catalog.bpchar", "datetime2(7)"));
+    assert_false(ces_tableplan_type_conflicts("pg_catalog.text", "uniqueidentifier"));
+    assert_false(ces_tableplan_type_conflicts("pg_catalog.text", "geography"));
     /* Within a family, a change fits (columns are never retyped, and PostgreSQL checks values). */
-    assert_false(ces_catalog_type_conflicts("pg_catalog.int4", "int"));
-    assert_false(ces_catalog_type_conflicts("pg_catalog.int4", "bigint"));
-    assert_false(ces_catalog_type_conflicts("pg_catalog.int8", "money"));
-    assert_false(ces_catalog_type_conflicts("pg_catalog.int8", "decimal(20,0)"));
-    assert_false(ces_catalog_type_conflicts("pg_catalog.timestamptz", "datetimeoffset(7)"));
-    assert_false(ces_catalog_type_conflicts("pg_catalog.bool", "bit"));
-    assert_false(ces_catalog_type_conflicts("pg_catalog.uuid", "uniqueidentifier"));
-    assert_false(ces_catalog_type_conflicts("pg_catalog.bytea", "varbinary(max)"));
+    assert_false(ces_tableplan_type_conflicts("pg_catalog.int4", "int"));
+    assert_false(ces_tableplan_type_conflicts("pg_catalog.int4", "bigint"));
+    assert_false(ces_tableplan_type_conflicts("pg_catalog.int8", "money"));
+    assert_false(ces_tableplan_type_conflicts("pg_catalog.int8", "decimal(20,0)"));
+    assert_false(ces_tableplan_type_conflicts("pg_catalog.timestamptz", "datetimeoffset(7)"));
+    assert_false(ces_tableplan_type_conflicts("pg_catalog.bool", "bit"));
+    assert_false(ces_tableplan_type_conflicts("pg_catalog.uuid", "uniqueidentifier"));
+    assert_false(ces_tableplan_type_conflicts("pg_catalog.bytea", "varbinary(max)"));
     /* The cast's schema does not matter; an unqualified one works too. */
-    assert_true(ces_catalog_type_conflicts("int4", "nvarchar(50)"));
+    assert_true(ces_tableplan_type_conflicts("int4", "nvarchar(50)"));
 }
 
 static void check_fold(const char *name, bool preserve_case, const char *want) {
-    char *got = ces_catalog_fold_name(name, preserve_case);
+    char *got = ces_tableplan_fold_name(name, preserve_case);
     assert_non_null(got);
     assert_string_equal(got, want);
     free(got);
@@ -163,7 +164,7 @@ static void name_folding(void **state) {
 
 static void check_expand(const char *pattern, const char *want) {
     ces_event_t ev = sample_event();
-    char *got = ces_catalog_expand_target(pattern, &ev);
+    char *got = ces_tableplan_expand_target(pattern, &ev);
     assert_non_null(got);
     assert_string_equal(got, want);
     free(got);
@@ -185,13 +186,13 @@ static void target_templates(void **state) {
  * each taken key up to 4,096. */
 static void upsert_attempts_after_taken_keys(void **state) {
     (void)state;
-    assert_int_equal(ces_catalog_upsert_attempts(0), 64);
-    assert_int_equal(ces_catalog_upsert_attempts(1), 128);
-    assert_int_equal(ces_catalog_upsert_attempts(2), 256);
-    assert_int_equal(ces_catalog_upsert_attempts(5), 2048);
-    assert_int_equal(ces_catalog_upsert_attempts(6), 4096);
-    assert_int_equal(ces_catalog_upsert_attempts(7), 4096);
-    assert_int_equal(ces_catalog_upsert_attempts(UINT32_MAX), 4096);
+    assert_int_equal(ces_tableplan_upsert_attempts(0), 64);
+    assert_int_equal(ces_tableplan_upsert_attempts(1), 128);
+    assert_int_equal(ces_tableplan_upsert_attempts(2), 256);
+    assert_int_equal(ces_tableplan_upsert_attempts(5), 2048);
+    assert_int_equal(ces_tableplan_upsert_attempts(6), 4096);
+    assert_int_equal(ces_tableplan_upsert_attempts(7), 4096);
+    assert_int_equal(ces_tableplan_upsert_attempts(UINT32_MAX), 4096);
 }
 
 int main(void) {

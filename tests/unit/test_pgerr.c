@@ -5,7 +5,7 @@
 
 typedef struct {
     const char *sqlstate;
-    ces_pgerr_class_t cls;
+    ces_pgerr_action_t cls;
 } verdict_t;
 
 /* With a working connection: every code and class ces2pg retries, the data classes, the stale
@@ -66,13 +66,13 @@ static const verdict_t table[] = {
     {"25P02", CES_PGERR_FATAL},
     {"0A000", CES_PGERR_FATAL},
     {"XX000", CES_PGERR_FATAL},
-    {"21000", CES_PGERR_FATAL}, /* cardinality_violation: the sender makes a bulk one BULK */
+    {"21000", CES_PGERR_FATAL}, /* cardinality_violation: in a bulk one, RETRY_ROW_BY_ROW */
 };
 
 static void classification_table(void **state) {
     (void)state;
     for (size_t i = 0; i < sizeof(table) / sizeof(table[0]); i++) {
-        ces_pgerr_class_t got = ces_pgerr_classify(table[i].sqlstate, true);
+        ces_pgerr_action_t got = ces_pgerr_classify(table[i].sqlstate, true);
         if (got != table[i].cls)
             fail_msg("SQLSTATE %s: class %d, expected %d", table[i].sqlstate, (int)got,
                      (int)table[i].cls);
@@ -125,7 +125,7 @@ static void connect_failures(void **state) {
     (void)state;
     static const struct {
         const char *message;
-        ces_pgerr_class_t cls;
+        ces_pgerr_action_t cls;
     } cases[] = {
         {"connection to server on socket \"/run/postgresql/.s.PGSQL.5432\" failed: No such file "
          "or directory\n\tIs the server running locally and accepting connections on that "
@@ -158,11 +158,35 @@ static void connect_failures(void **state) {
          CES_PGERR_FATAL},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
-        ces_pgerr_class_t got = ces_pgerr_classify_connect_failure(cases[i].message);
+        ces_pgerr_action_t got = ces_pgerr_classify_connect_failure(cases[i].message);
         if (got != cases[i].cls)
             fail_msg("\"%s\": class %d, expected %d", cases[i].message, (int)got,
                      (int)cases[i].cls);
     }
+}
+
+/* The table of texts and the decision agree: a message holding an entry's text, alone or inside
+ * libpq's wording, gets the entry's action, and one holding none is retried. */
+static void connect_texts_decide(void **state) {
+    (void)state;
+    size_t n = 0;
+    const ces_pgerr_connect_text_t *texts = ces_pgerr_connect_texts(&n);
+    assert_true(n > 0);
+    for (size_t i = 0; i < n; i++) {
+        char message[512];
+        snprintf(message, sizeof(message),
+                 "connection to server at \"db\", port 5432 failed: FATAL:  %s for \"x\"\n",
+                 texts[i].text);
+        if (ces_pgerr_classify_connect_failure(texts[i].text) != texts[i].action ||
+            ces_pgerr_classify_connect_failure(message) != texts[i].action)
+            fail_msg("\"%s\": the table says %d, the decision differs", texts[i].text,
+                     (int)texts[i].action);
+        assert_true(texts[i].action == CES_PGERR_FATAL || texts[i].action == CES_PGERR_RETRY);
+    }
+    assert_int_equal(ces_pgerr_classify_connect_failure(""), CES_PGERR_RETRY);
+    assert_int_equal(ces_pgerr_classify_connect_failure("server closed the connection "
+                                                        "unexpectedly\n"),
+                     CES_PGERR_RETRY);
 }
 
 /* What another session running the same IF NOT EXISTS DDL at the same moment makes us see. */
@@ -183,8 +207,8 @@ static void ddl_race_set(void **state) {
 static void only_data_errors_undo_only_the_step(void **state) {
     (void)state;
     assert_true(ces_pgerr_undoes_only_the_step(CES_PGERR_DATA));
-    assert_true(ces_pgerr_undoes_only_the_step(CES_PGERR_BULK));
-    assert_true(ces_pgerr_undoes_only_the_step(CES_PGERR_INSERT_TAKEN));
+    assert_true(ces_pgerr_undoes_only_the_step(CES_PGERR_RETRY_ROW_BY_ROW));
+    assert_true(ces_pgerr_undoes_only_the_step(CES_PGERR_RETRY_WITH_UPSERTS));
     assert_false(ces_pgerr_undoes_only_the_step(CES_PGERR_NONE));
     assert_false(ces_pgerr_undoes_only_the_step(CES_PGERR_RETRY));
     assert_false(ces_pgerr_undoes_only_the_step(CES_PGERR_STALE));
@@ -196,16 +220,16 @@ static void only_data_errors_undo_only_the_step(void **state) {
 static void record_keeps_the_first_error(void **state) {
     (void)state;
     ces_pgerr_t e = CES_PGERR_INIT;
-    assert_int_equal(e.cls, CES_PGERR_NONE);
+    assert_int_equal(e.action, CES_PGERR_NONE);
     assert_int_equal(e.failed_item, -1);
     ces_pgerr_set(&e, CES_PGERR_DATA, 7, "22P02", "invalid input syntax for type %s \n", "integer");
     ces_pgerr_set(&e, CES_PGERR_RETRY, -1, NULL, "current transaction is aborted");
-    assert_int_equal(e.cls, CES_PGERR_DATA);
+    assert_int_equal(e.action, CES_PGERR_DATA);
     assert_int_equal(e.failed_item, 7);
     assert_string_equal(e.sqlstate, "22P02");
     assert_string_equal(e.message, "invalid input syntax for type integer");
     ces_pgerr_clear(&e);
-    assert_int_equal(e.cls, CES_PGERR_NONE);
+    assert_int_equal(e.action, CES_PGERR_NONE);
     assert_int_equal(e.failed_item, -1);
     ces_pgerr_set(&e, CES_PGERR_FATAL, -1, NULL, "out of memory");
     assert_string_equal(e.sqlstate, "");
@@ -219,7 +243,7 @@ static void error_of_a_failed_connection(void **state) {
     assert_int_not_equal(PQstatus(conn), CONNECTION_OK);
     ces_pgerr_t e = CES_PGERR_INIT;
     ces_pgerr_from_result(&e, conn, NULL, 3);
-    assert_int_equal(e.cls, CES_PGERR_RETRY);
+    assert_int_equal(e.action, CES_PGERR_RETRY);
     assert_int_equal(e.failed_item, 3);
     assert_string_equal(e.sqlstate, "");
     assert_non_null(strstr(e.message, "/nonexistent/ces2pg-test-socket-dir"));
@@ -232,6 +256,7 @@ int main(void) {
                                        cmocka_unit_test(no_sqlstate_is_retry),
                                        cmocka_unit_test(names_match_errcodes),
                                        cmocka_unit_test(connect_failures),
+                                       cmocka_unit_test(connect_texts_decide),
                                        cmocka_unit_test(ddl_race_set),
                                        cmocka_unit_test(only_data_errors_undo_only_the_step),
                                        cmocka_unit_test(record_keeps_the_first_error),

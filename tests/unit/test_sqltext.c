@@ -11,6 +11,7 @@
 #include <libpq-fe.h>
 
 #include "apply/catalog.h"
+#include "apply/tableplan.h"
 #include "apply/sqltext.h"
 
 static PGconn *conn;
@@ -235,7 +236,7 @@ static void composite_key(void **state) {
  * PostgreSQL's 63 bytes; in the metadata schema and the version column too. */
 static void hostile_identifiers(void **state) {
     (void)state;
-    char *long_name = ces_catalog_fold_name(
+    char *long_name = ces_tableplan_fold_name(
         "A_very_long_column_name_that_PostgreSQL_would_truncate_at_sixty_three_bytes_ünï", false);
     assert_int_equal(strlen(long_name), 63);
     const char *version = "_ces \"lsn\"";

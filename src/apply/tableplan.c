@@ -1,0 +1,175 @@
+#include "apply/tableplan.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "format/types.h"
+#include "util/array.h"
+#include "util/strbuf.h"
+
+char *ces_tableplan_fold_name(const char *name, bool preserve_case) {
+    size_t len = strlen(name);
+    if (len > CES_CATALOG_NAME_MAX) {
+        len = CES_CATALOG_NAME_MAX;
+        while (len > 0 && ((unsigned char)name[len] & 0xC0) == 0x80)
+            len--;
+    }
+    char *out = malloc(len + 1);
+    if (out == NULL)
+        return NULL;
+    for (size_t i = 0; i < len; i++)
+        out[i] = (!preserve_case && name[i] >= 'A' && name[i] <= 'Z') ? (char)(name[i] + 32)
+                                                                      : name[i];
+    out[len] = '\0';
+    return out;
+}
+
+char *ces_tableplan_expand_target(const char *pattern, const ces_event_t *ev) {
+    ces_strbuf_t out = {0};
+    for (const char *p = pattern; *p;) {
+        if (strncmp(p, "{db}", 4) == 0) {
+            ces_strbuf_add(&out, ev->db);
+            p += 4;
+        } else if (strncmp(p, "{schema}", 8) == 0) {
+            ces_strbuf_add(&out, ev->schema);
+            p += 8;
+        } else if (strncmp(p, "{table}", 7) == 0) {
+            ces_strbuf_add(&out, ev->table);
+            p += 7;
+        } else {
+            char c[2] = {*p++, '\0'};
+            ces_strbuf_add(&out, c);
+        }
+    }
+    if (out.failed) {
+        ces_strbuf_free(&out);
+        return NULL;
+    }
+    return out.buf != NULL ? out.buf : strdup("");
+}
+
+const char *ces_tableplan_new_column_type(const ces_event_t *ev, const char *source_name,
+                                           char *buf, size_t size) {
+    const char *type = NULL;
+    for (size_t i = 0; i < ev->ncols && type == NULL; i++) {
+        if (strcmp(ev->cols[i].name, source_name) == 0)
+            type = ev->cols[i].type;
+    }
+    if (type == NULL) {
+        snprintf(buf, size, "text");
+        return NULL;
+    }
+    return ces_types_map(type, buf, size) ? NULL : type;
+}
+
+/* Source names of every column the event mentions, each once. */
+typedef struct {
+    const char **names;
+    size_t count, capacity;
+} namelist_t;
+
+static int namelist_add(namelist_t *l, const char *name) {
+    for (size_t i = 0; i < l->count; i++) {
+        if (strcmp(l->names[i], name) == 0)
+            return 0;
+    }
+    const char **n = CES_ARRAY_RESERVE(l->names, l->capacity, l->count + 1, 16);
+    if (n == NULL)
+        return -1;
+    l->names = n;
+    l->names[l->count++] = name;
+    return 0;
+}
+
+static int namelist_add_fields(namelist_t *l, const ces_field_t *fields, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        if (namelist_add(l, fields[i].name) != 0)
+            return -1;
+    }
+    return 0;
+}
+
+int ces_tableplan_event_columns(const ces_event_t *ev, const char ***names, size_t *count) {
+    namelist_t l = {0};
+    int rc = -1;
+    for (size_t i = 0; i < ev->ncols; i++) {
+        if (namelist_add(&l, ev->cols[i].name) != 0)
+            goto done;
+    }
+    if (namelist_add_fields(&l, ev->pkkey, ev->npkkey) != 0 ||
+        namelist_add_fields(&l, ev->current, ev->ncurrent) != 0 ||
+        namelist_add_fields(&l, ev->old, ev->nold) != 0)
+        goto done;
+    rc = 0;
+done:
+    if (rc != 0) {
+        free(l.names);
+        l = (namelist_t){0};
+    }
+    *names = l.names;
+    *count = l.count;
+    return rc;
+}
+
+long ces_tableplan_column_index(const ces_catalog_desc_t *t, const char *pg_name) {
+    for (size_t i = 0; i < t->ncols; i++) {
+        if (strcmp(t->cols[i].name, pg_name) == 0)
+            return (long)i;
+    }
+    return -1;
+}
+
+int ces_tableplan_missing_columns(const ces_catalog_desc_t *t, bool preserve_case,
+                                   const ces_event_t *ev, const char ***missing, size_t *nmissing) {
+    const char **names = NULL;
+    size_t count = 0;
+    int rc = -1;
+    *missing = NULL;
+    *nmissing = 0;
+    if (ces_tableplan_event_columns(ev, &names, &count) != 0 ||
+        (*missing = calloc(count + 1, sizeof(char *))) == NULL)
+        goto done;
+    for (size_t i = 0; i < count; i++) {
+        char *folded = ces_tableplan_fold_name(names[i], preserve_case);
+        if (folded == NULL)
+            goto done;
+        if (ces_tableplan_column_index(t, folded) < 0)
+            (*missing)[(*nmissing)++] = names[i];
+        free(folded);
+    }
+    rc = 0;
+done:
+    if (rc != 0) {
+        free(*missing);
+        *missing = NULL;
+        *nmissing = 0;
+    }
+    free(names);
+    return rc;
+}
+
+bool ces_tableplan_type_conflicts(const char *target_cast, const char *source_type) {
+    char mapped[64];
+    ces_types_map(source_type, mapped, sizeof(mapped));
+    const char *dot = strrchr(target_cast, '.');
+    const char *typname = dot ? dot + 1 : target_cast;
+    /* format('%I') quotes type names that are keywords: pg_catalog."numeric", "varchar", "time",
+     * "timestamp". A quoted name with a quote inside is no built-in type: it stays as it is. */
+    char unquoted[64];
+    size_t len = strlen(typname);
+    if (len >= 2 && len < sizeof(unquoted) && typname[0] == '"' && typname[len - 1] == '"' &&
+        memchr(typname + 1, '"', len - 2) == NULL) {
+        memcpy(unquoted, typname + 1, len - 2);
+        unquoted[len - 2] = '\0';
+        typname = unquoted;
+    }
+    return !ces_types_compatible(typname, mapped);
+}
+
+uint64_t ces_tableplan_upsert_attempts(unsigned taken_before) {
+    unsigned doublings = taken_before < CES_TABLEPLAN_UPSERT_MAX_DOUBLINGS
+                             ? taken_before
+                             : CES_TABLEPLAN_UPSERT_MAX_DOUBLINGS;
+    return (uint64_t)CES_TABLEPLAN_UPSERT_ATTEMPTS << doublings;
+}

@@ -1,0 +1,66 @@
+/*
+ * tableplan: the decisions about target tables that need no server.
+ *
+ * How a source name becomes a PostgreSQL name, which target table an event goes to, what type a
+ * new column gets, which columns an event needs that a table lacks, when a column's type no longer
+ * fits, and how long a table sends upserts only after a plain INSERT found its key taken. Pure
+ * functions, testable without a server; the catalog (catalog.h) acts on them. The type map and
+ * what is guaranteed about target tables are in docs/semantics.md.
+ */
+#ifndef CES_TABLEPLAN_H
+#define CES_TABLEPLAN_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "apply/catalog.h"
+#include "format/event.h"
+
+#define CES_TABLEPLAN_UPSERT_ATTEMPTS 64u
+#define CES_TABLEPLAN_UPSERT_MAX_DOUBLINGS 6u
+
+/* name lower-cased in its ASCII letters (as PostgreSQL does for unquoted names) unless
+ * preserve_case, and clipped to CES_CATALOG_NAME_MAX bytes without splitting a UTF-8 character.
+ * Returns a malloc'd string owned by the caller, or NULL when out of memory. */
+char *ces_tableplan_fold_name(const char *name, bool preserve_case)
+    __attribute__((warn_unused_result));
+
+/* pattern (one part of schema.target) with {db}, {schema} and {table} replaced by ev's source
+ * names. Returns a malloc'd string owned by the caller, or NULL when out of memory. */
+char *ces_tableplan_expand_target(const char *pattern, const ces_event_t *ev)
+    __attribute__((warn_unused_result));
+
+/* Writes into buf the PostgreSQL type a new column for source_name gets: its SQL Server type
+ * mapped (ces_types_map), or text when the event announces no type. Returns the SQL Server type
+ * when it has no mapping (the column is text, and the caller warns), else NULL. */
+const char *ces_tableplan_new_column_type(const ces_event_t *ev, const char *source_name,
+                                           char *buf, size_t size);
+
+/* The source names of every column ev mentions (cols, pkkey, current, old; each once), in that
+ * order. *names is a malloc'd array owned by the caller (its strings are ev's). Returns 0, or -1
+ * when out of memory. */
+int ces_tableplan_event_columns(const ces_event_t *ev, const char ***names, size_t *count)
+    __attribute__((warn_unused_result));
+
+/* The index of table's column named pg_name (a PostgreSQL name), or -1. */
+long ces_tableplan_column_index(const ces_catalog_desc_t *table, const char *pg_name);
+
+/* The source names of the columns ev mentions (ces_tableplan_event_columns) that table has no
+ * column for, in that order. *missing is a malloc'd array owned by the caller (its strings are
+ * ev's). Returns 0, or -1 when out of memory. */
+int ces_tableplan_missing_columns(const ces_catalog_desc_t *table, bool preserve_case,
+                                   const ces_event_t *ev, const char ***missing, size_t *nmissing)
+    __attribute__((warn_unused_result));
+
+/* How many attempts a table sends upserts only after a plain INSERT found its key taken, when
+ * that happened taken_before times before: CES_TABLEPLAN_UPSERT_ATTEMPTS, doubling with each
+ * taken key at most CES_TABLEPLAN_UPSERT_MAX_DOUBLINGS times (64 up to 4,096), so that a table
+ * whose keys keep being taken costs little. */
+uint64_t ces_tableplan_upsert_attempts(unsigned taken_before);
+
+/* True when a target column cast to target_cast (ces_catalog_column_t.cast, e.g.
+ * "pg_catalog.int4") cannot hold values of SQL Server type source_type: a type conflict. */
+bool ces_tableplan_type_conflicts(const char *target_cast, const char *source_type);
+
+#endif
