@@ -309,7 +309,7 @@ ces_bulk_status_t ces_bulk_add(ces_bulk_t *b, ces_bulk_kind_t kind, ces_item_t *
     }
     if (guard) {
         char version[64];
-        ces_version_format(&item->event.position, version, sizeof(version));
+        ces_version_format(&item->event.version, version, sizeof(version));
         size_t len = strlen(version);
         if ((row[n] = ces_arena_strndup(item->arena, version, len)) == NULL)
             return CES_BULK_NOMEM;

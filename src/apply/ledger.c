@@ -137,14 +137,14 @@ static int send_progress(ces_inflight_t *q, const ces_metadata_t *metadata,
         const ces_item_t *item = &batch->items[i];
         if (item->kind == CES_ITEM_EVENT &&
             (newest == NULL ||
-             ces_position_compare(&item->event.position, &newest->event.position) > 0))
+             ces_version_compare(&item->event.version, &newest->event.version) > 0))
             newest = item;
     }
     if (newest == NULL)
         return 0;
     char lsn[23], time[32], window[24];
     double seconds;
-    ces_lsn_format(newest->event.position.commit_lsn, lsn);
+    ces_lsn_format(newest->event.version.commit_lsn, lsn);
     bool has_time = ces_event_parse_time(newest->event.time, &seconds) == 0;
     if (has_time)
         snprintf(time, sizeof(time), "%.6f", seconds);
@@ -157,9 +157,9 @@ static int send_progress(ces_inflight_t *q, const ces_metadata_t *metadata,
 
 int ces_ledger_positions(ces_inflight_t *q, const ces_metadata_t *metadata,
                          const ces_positions_t *positions, const ces_batch_t *batch) {
-    for (size_t i = 0; i < batch->noffsets; i++) {
+    for (size_t i = 0; i < batch->npositions; i++) {
         ces_positions_params_t params;
-        ces_positions_update_params(positions, &batch->offsets[i], &params);
+        ces_positions_update_params(positions, &batch->positions[i], &params);
         if (send_query(q, ces_positions_update_sql(positions), CES_POSITIONS_UPDATE_NPARAMS,
                        params.values, NULL, NULL, CES_INFLIGHT_OFFSET, (long)i) != 0)
             return -1;

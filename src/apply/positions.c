@@ -81,7 +81,7 @@ void ces_positions_on_read(ces_partition_position_t *pos, int64_t offset) {
 }
 
 bool ces_positions_to_store(const ces_partition_position_t *pos, const char *topic,
-                            int32_t partition, int64_t held, ces_offset_update_t *update) {
+                            int32_t partition, int64_t held, ces_position_update_t *update) {
     if (!pos->dirty || !pos->has_next)
         return false;
     int64_t next = held < pos->next ? held : pos->next;
@@ -92,7 +92,7 @@ bool ces_positions_to_store(const ces_partition_position_t *pos, const char *top
                                                                         : pos->stored;
     if (pos->has_stored && next <= floor)
         return false;
-    *update = (ces_offset_update_t){.topic = topic,
+    *update = (ces_position_update_t){.topic = topic,
                                     .partition = partition,
                                     .has_expected = pos->has_stored,
                                     .expected = pos->stored,
@@ -200,7 +200,7 @@ int ces_positions_set_schema(ces_positions_t *p, const char *schema_quoted) {
 
 const char *ces_positions_update_sql(const ces_positions_t *p) { return p->sql_update; }
 
-void ces_positions_update_params(const ces_positions_t *p, const ces_offset_update_t *o,
+void ces_positions_update_params(const ces_positions_t *p, const ces_position_update_t *o,
                                  ces_positions_params_t *params) {
     snprintf(params->partition, sizeof(params->partition), "%d", (int)o->partition);
     snprintf(params->next, sizeof(params->next), "%lld", (long long)o->next);
@@ -263,10 +263,10 @@ int ces_positions_read(const ces_positions_t *p, ces_session_t *session, const c
 }
 
 bool ces_positions_committed(const ces_batch_t *batch, ces_positions_reader_t read, void *opaque) {
-    if (batch->noffsets == 0)
+    if (batch->npositions == 0)
         return false;
-    for (size_t i = 0; i < batch->noffsets; i++) {
-        const ces_offset_update_t *o = &batch->offsets[i];
+    for (size_t i = 0; i < batch->npositions; i++) {
+        const ces_position_update_t *o = &batch->positions[i];
         int64_t stored;
         if (read(opaque, o->topic, o->partition, &stored) != 0 || stored != o->next)
             return false;

@@ -84,7 +84,7 @@ void ces_positions_on_read(ces_partition_position_t *pos, int64_t offset);
  * Returns true and fills *update (referring to topic) when there is a new position to store.
  */
 bool ces_positions_to_store(const ces_partition_position_t *pos, const char *topic,
-                            int32_t partition, int64_t held, ces_offset_update_t *update);
+                            int32_t partition, int64_t held, ces_position_update_t *update);
 
 /* A batch that stored next for the partition committed: next is the fence now (and a gap it moved
  * past is recorded). */
@@ -145,7 +145,7 @@ int ces_positions_set_schema(ces_positions_t *positions, const char *schema_quot
 const char *ces_positions_update_sql(const ces_positions_t *positions);
 /* Fills params for update (whose strings must outlive params' use). */
 void ces_positions_update_params(const ces_positions_t *positions,
-                                 const ces_offset_update_t *update, ces_positions_params_t *params);
+                                 const ces_position_update_t *update, ces_positions_params_t *params);
 /* A source gap's row in <metadata schema>.source_gaps: $1 group ... $7 reason. As for the update,
  * values point into the struct itself. */
 #define CES_POSITIONS_GAP_NPARAMS 7

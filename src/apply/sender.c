@@ -140,7 +140,7 @@ static int add_version_param(ces_sender_t *s, const ces_catalog_desc_t *t, const
                              size_t slot) {
     if (!ces_catalog_guarded(t))
         return (int)slot;
-    ces_version_format(&ev->position, s->version, sizeof(s->version));
+    ces_version_format(&ev->version, s->version, sizeof(s->version));
     s->values[slot] = s->version;
     s->lengths[slot] = 0;
     return (int)slot + 1;

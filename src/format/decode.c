@@ -534,7 +534,7 @@ static ces_decode_status_t decode_pkkey(ces_decoder_t *decoder, ces_arena_t *are
 
 /* The logicalid "<uuid>:<commitlsn, 20 hex digits>:<sequence, 20 decimal digits>": the only source
  * of the order for early preview events, which have no transaction object. */
-static int parse_logicalid(const char *logicalid, ces_position_t *position) {
+static int parse_logicalid(const char *logicalid, ces_version_t *position) {
     const char *seq = strrchr(logicalid, ':');
     if (seq == NULL || seq == logicalid)
         return -1;
@@ -566,7 +566,7 @@ static ces_decode_status_t decode_position(const ces_json_t *source, const ces_e
                                            ces_event_t *event, char *errstr, size_t errstr_size) {
     const ces_json_t *txn = ces_json_get(source, "transaction");
     if (txn == NULL || txn->type == CES_JSON_NULL) {
-        if (parse_logicalid(envelope->logicalid, &event->position) != 0)
+        if (parse_logicalid(envelope->logicalid, &event->version) != 0)
             REJECT("no transaction object and no commit LSN in logicalid '%.100s'",
                    envelope->logicalid);
         return CES_DECODE_OK;
@@ -576,7 +576,7 @@ static ces_decode_status_t decode_position(const ces_json_t *source, const ces_e
     const char *commitlsn;
     TRY(get_string(txn, "eventsource.transaction", "commitlsn", true, &commitlsn, errstr,
                    errstr_size));
-    if (ces_lsn_parse(commitlsn, strlen(commitlsn), &event->position.commit_lsn) != 0)
+    if (ces_lsn_parse(commitlsn, strlen(commitlsn), &event->version.commit_lsn) != 0)
         REJECT("eventsource.transaction: unparsable commitlsn '%.40s' (expected VLF:block:slot in "
                "hex)",
                commitlsn);
@@ -584,7 +584,7 @@ static ces_decode_status_t decode_position(const ces_json_t *source, const ces_e
     TRY(get_int(txn, "eventsource.transaction", "sequencenumber", &seq, errstr, errstr_size));
     if (seq < 0)
         REJECT("eventsource.transaction: negative sequencenumber %lld", (long long)seq);
-    event->position.sequence = (uint64_t)seq;
+    event->version.sequence = (uint64_t)seq;
     return CES_DECODE_OK;
 }
 

@@ -77,7 +77,7 @@ void ces_lsn_format(ces_lsn_t lsn, char buf[23]) {
              (unsigned)(lsn.low & 0xFFFF));
 }
 
-int ces_position_compare(const ces_position_t *a, const ces_position_t *b) {
+int ces_version_compare(const ces_version_t *a, const ces_version_t *b) {
     int c = ces_lsn_compare(a->commit_lsn, b->commit_lsn);
     if (c != 0)
         return c;
@@ -102,7 +102,7 @@ static size_t put_decimal(char *out, uint64_t v, size_t width) {
     return n;
 }
 
-void ces_version_format(const ces_position_t *p, char *buf, size_t size) {
+void ces_version_format(const ces_version_t *p, char *buf, size_t size) {
     /* 80 bits of LSN in decimal (at most 25 digits), then the sequence number in 20 digits with
      * leading zeros (2^64 - 1 has 20). Formatted by hand, not with snprintf: this runs for every
      * row change. The LSN is split once into 64-bit halves (below and above 10^19), so that each
@@ -130,7 +130,7 @@ void ces_version_format(const ces_position_t *p, char *buf, size_t size) {
 
 void ces_version_ceiling(ces_lsn_t lsn, char *buf, size_t size) {
     char text[25 + 20 + 1];
-    ces_version_format(&(ces_position_t){.commit_lsn = lsn, .sequence = 0}, text, sizeof(text));
+    ces_version_format(&(ces_version_t){.commit_lsn = lsn, .sequence = 0}, text, sizeof(text));
     size_t n = strlen(text);
     memset(text + n - 20, '9', 20);
     snprintf(buf, size, "%s", text);
@@ -187,12 +187,12 @@ static void dump_fields(FILE *out, const char *label, const ces_field_t *fields,
 
 void ces_event_dump(const ces_event_t *ev, FILE *out) {
     char lsn[23];
-    ces_lsn_format(ev->position.commit_lsn, lsn);
+    ces_lsn_format(ev->version.commit_lsn, lsn);
     fprintf(out, "op: %s\n", ces_op_name(ev->op));
     fprintf(out, "id: %s\n", ev->id ? ev->id : "(none)");
     fprintf(out, "logicalid: %s\n", ev->logicalid ? ev->logicalid : "(none)");
     fprintf(out, "time: %s\n", ev->time ? ev->time : "(none)");
-    fprintf(out, "position: %s #%llu\n", lsn, (unsigned long long)ev->position.sequence);
+    fprintf(out, "position: %s #%llu\n", lsn, (unsigned long long)ev->version.sequence);
     fprintf(out, "table: ");
     dump_text(out, ev->db, strlen(ev->db));
     fputc('.', out);

@@ -21,11 +21,12 @@ typedef struct {
     uint64_t low;  /* (block << 16) | slot */
 } ces_lsn_t;
 
-/* The total order of row changes: (commit LSN, sequence number inside the transaction). */
+/* An event's version: the total order of row changes, (commit LSN, sequence number inside the
+ * transaction). */
 typedef struct {
     ces_lsn_t commit_lsn;
     uint64_t sequence;
-} ces_position_t;
+} ces_version_t;
 
 typedef enum {
     CES_OP_INSERT = 1,
@@ -62,7 +63,7 @@ typedef struct {
     const char *db;
     const char *schema;
     const char *table;
-    ces_position_t position;
+    ces_version_t version; /* (commit LSN, sequence): the event's place in source order */
     ces_column_t *cols;
     size_t ncols;
     ces_field_t *pkkey;
@@ -99,11 +100,11 @@ static inline int ces_lsn_compare(ces_lsn_t a, ces_lsn_t b) {
 /* Writes "VVVVVVVV:BBBBBBBB:SSSS" (22 characters and a NUL) into buf. */
 void ces_lsn_format(ces_lsn_t lsn, char buf[23]);
 
-int ces_position_compare(const ces_position_t *a, const ces_position_t *b);
+int ces_version_compare(const ces_version_t *a, const ces_version_t *b);
 
-/* Writes the position as one decimal number ordered like (commit LSN, sequence): the LSN as an
+/* Writes the version as one decimal number ordered like (commit LSN, sequence): the LSN as an
  * integer followed by the sequence in 20 digits. This is what the per-row version column holds. */
-void ces_version_format(const ces_position_t *position, char *buf, size_t size);
+void ces_version_format(const ces_version_t *version, char *buf, size_t size);
 
 /* Writes the highest version any change committed at lsn can have (the LSN followed by twenty
  * nines, above every sequence number): a row marked with it loses to every change committed after

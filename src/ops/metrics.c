@@ -239,7 +239,7 @@ void ces_metrics_add_batch(ces_metrics_t *m, const ces_batch_t *batch, double se
             m->dead_letters[item->dl_class]++;
         }
     }
-    if (batch->count > 0 || batch->noffsets > 0) {
+    if (batch->count > 0 || batch->npositions > 0) {
         size_t b = 0;
         while (b < NBUCKETS && seconds > batch_buckets[b])
             b++;

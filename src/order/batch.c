@@ -29,20 +29,20 @@ size_t ces_item_bytes(const ces_item_t *item) {
     return item->bytes != 0 ? item->bytes : ces_arena_footprint(item->arena) + sizeof(*item);
 }
 
-int ces_batch_set_offset(ces_batch_t *batch, const ces_offset_update_t *update) {
-    for (size_t i = 0; i < batch->noffsets; i++) {
-        ces_offset_update_t *o = &batch->offsets[i];
+int ces_batch_set_position(ces_batch_t *batch, const ces_position_update_t *update) {
+    for (size_t i = 0; i < batch->npositions; i++) {
+        ces_position_update_t *o = &batch->positions[i];
         if (o->partition == update->partition && strcmp(o->topic, update->topic) == 0) {
             *o = *update;
             return 0;
         }
     }
-    ces_offset_update_t *o =
-        CES_ARRAY_RESERVE(batch->offsets, batch->offsets_capacity, batch->noffsets + 1, 16);
+    ces_position_update_t *o =
+        CES_ARRAY_RESERVE(batch->positions, batch->positions_capacity, batch->npositions + 1, 16);
     if (o == NULL)
         return -1;
-    batch->offsets = o;
-    batch->offsets[batch->noffsets++] = *update;
+    batch->positions = o;
+    batch->positions[batch->npositions++] = *update;
     return 0;
 }
 
@@ -83,13 +83,13 @@ void ces_batch_clear(ces_batch_t *batch) {
     }
     batch->count = 0;
     batch->bytes = 0;
-    batch->noffsets = 0;
+    batch->npositions = 0;
     batch->ngaps = 0;
 }
 
 void ces_batch_free(ces_batch_t *batch) {
     free(batch->items);
-    free(batch->offsets);
+    free(batch->positions);
     free(batch->gaps);
     memset(batch, 0, sizeof(*batch));
 }

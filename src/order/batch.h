@@ -86,7 +86,7 @@ typedef struct {
     bool has_expected; /* false: PostgreSQL had no row for this partition */
     int64_t expected;
     int64_t next;
-} ces_offset_update_t;
+} ces_position_update_t;
 
 /* A gap at the source: a partition's stored position was no longer there (retention, a recreated
  * topic), and reading resumed elsewhere. Recorded with the batch whose position moves past it. */
@@ -104,9 +104,9 @@ typedef struct {
     size_t count;
     size_t capacity;
     size_t bytes; /* the items' memory, as ces_batch_push counted it (ces_item_bytes) */
-    ces_offset_update_t *offsets;
-    size_t noffsets;
-    size_t offsets_capacity;
+    ces_position_update_t *positions; /* the position to store, one per partition */
+    size_t npositions;
+    size_t positions_capacity;
     ces_source_gap_t *gaps; /* the source gaps its positions move past */
     size_t ngaps;
     size_t gaps_capacity;
@@ -136,7 +136,7 @@ int ces_batch_push(ces_batch_t *batch, const ces_item_t *item);
  * counted (item->bytes set), that count. */
 size_t ces_item_bytes(const ces_item_t *item);
 /* Appends or replaces the stored position for (topic, partition). Returns 0, or -1 (no memory). */
-int ces_batch_set_offset(ces_batch_t *batch, const ces_offset_update_t *update);
+int ces_batch_set_position(ces_batch_t *batch, const ces_position_update_t *update);
 
 /* Appends a source gap. Returns 0, or -1 (no memory). */
 int ces_batch_add_gap(ces_batch_t *batch, const ces_source_gap_t *gap);

@@ -67,7 +67,7 @@ struct ces_order_s {
     size_t bytes; /* the held items' arenas */
     uint64_t duplicates;
     /* Recently committed positions: a ring of the last dedup_window, indexed by a hash set. */
-    ces_position_t *ring;
+    ces_version_t *ring;
     size_t ring_size;
     size_t ring_next;
     size_t ring_used;
@@ -76,13 +76,13 @@ struct ces_order_s {
     /* The highest position remembered since the ring was last empty, so no entry lies above it:
      * a source's positions mostly rise, so most events lie above it and above the batch in
      * flight, and skip both lookups. */
-    ces_position_t ring_max;
+    ces_version_t ring_max;
     part_offsets_t *parts;
     size_t nparts;
     size_t parts_capacity;
     bool nomem; /* an offset could not be recorded: min_offset walks the items instead */
     /* Positions of the batch PostgreSQL is applying (ces_order_set_in_flight), sorted. */
-    ces_position_t *flight;
+    ces_version_t *flight;
     size_t nflight;
     size_t flight_capacity;
     /* Transactions released empty, kept with their item arrays (within ORDER_SPARE_ITEM_BYTES)
@@ -175,7 +175,7 @@ ces_order_t *ces_order_new(size_t dedup_window) {
         o->nslots = 16;
         while (o->nslots < dedup_window * 2 + 1)
             o->nslots *= 2;
-        o->ring = calloc(dedup_window, sizeof(ces_position_t));
+        o->ring = calloc(dedup_window, sizeof(ces_version_t));
         o->slots = calloc(o->nslots, sizeof(uint32_t));
         if (o->ring == NULL || o->slots == NULL) {
             ces_order_destroy(o);
@@ -252,7 +252,7 @@ static int seq_index_build(txn_t *t) {
         return -1;
     t->seq_cap = cap;
     for (size_t i = 0; i < t->count; i++) {
-        if (seq_index_put(t, t->items[i].event.position.sequence) != 0)
+        if (seq_index_put(t, t->items[i].event.version.sequence) != 0)
             return -1;
     }
     return 0;
@@ -276,7 +276,7 @@ static bool holds_sequence(txn_t *t, uint64_t sequence) {
     if (t->count > ORDER_WALK_MAX && (t->seq_cap > 0 || seq_index_build(t) == 0))
         return seq_index_has(t, sequence);
     for (size_t i = 0; i < t->count; i++) {
-        if (t->items[i].event.position.sequence == sequence)
+        if (t->items[i].event.version.sequence == sequence)
             return true;
     }
     return false;
@@ -388,18 +388,18 @@ void ces_order_destroy(ces_order_t *o) {
     free(o);
 }
 
-static uint64_t position_hash(const ces_position_t *p) {
+static uint64_t version_hash(const ces_version_t *p) {
     uint64_t h = p->commit_lsn.low * 0x9E3779B97F4A7C15ULL;
     h ^= ((uint64_t)p->commit_lsn.high << 32 | (p->sequence & 0xFFFFFFFFu)) * 0xC2B2AE3D27D4EB4FULL;
     h ^= h >> 29;
     return h;
 }
 
-static bool position_equal(const ces_position_t *a, const ces_position_t *b) {
-    return ces_position_compare(a, b) == 0;
+static bool position_equal(const ces_version_t *a, const ces_version_t *b) {
+    return ces_version_compare(a, b) == 0;
 }
 
-static int by_position(const void *a, const void *b) { return ces_position_compare(a, b); }
+static int by_position(const void *a, const void *b) { return ces_version_compare(a, b); }
 
 /* Sorts n elements of size bytes unless they already are in order, as they nearly always are (a
  * batch's positions come in release order, a transaction's events mostly in sequence order):
@@ -415,16 +415,16 @@ static void sort_unless_sorted(void *base, size_t n, size_t size,
     }
 }
 
-static bool seen(const ces_order_t *o, const ces_position_t *p) {
+static bool seen(const ces_order_t *o, const ces_version_t *p) {
     if (o->ring_size == 0)
         return false;
-    if (o->nflight > 0 && ces_position_compare(p, &o->flight[o->nflight - 1]) <= 0 &&
-        ces_position_compare(p, &o->flight[0]) >= 0 &&
-        bsearch(p, o->flight, o->nflight, sizeof(ces_position_t), by_position) != NULL)
+    if (o->nflight > 0 && ces_version_compare(p, &o->flight[o->nflight - 1]) <= 0 &&
+        ces_version_compare(p, &o->flight[0]) >= 0 &&
+        bsearch(p, o->flight, o->nflight, sizeof(ces_version_t), by_position) != NULL)
         return true;
-    if (o->ring_used == 0 || ces_position_compare(p, &o->ring_max) > 0)
+    if (o->ring_used == 0 || ces_version_compare(p, &o->ring_max) > 0)
         return false;
-    size_t i = (size_t)position_hash(p) & (o->nslots - 1);
+    size_t i = (size_t)version_hash(p) & (o->nslots - 1);
     while (o->slots[i] != 0) {
         if (position_equal(&o->ring[o->slots[i] - 1], p))
             return true;
@@ -435,7 +435,7 @@ static bool seen(const ces_order_t *o, const ces_position_t *p) {
 
 /* Removes ring entry r from the hash set (backward-shift deletion keeps probing intact). */
 static void unindex(ces_order_t *o, size_t r) {
-    size_t i = (size_t)position_hash(&o->ring[r]) & (o->nslots - 1);
+    size_t i = (size_t)version_hash(&o->ring[r]) & (o->nslots - 1);
     while (o->slots[i] != r + 1) {
         if (o->slots[i] == 0)
             return;
@@ -448,7 +448,7 @@ static void unindex(ces_order_t *o, size_t r) {
             j = (j + 1) & (o->nslots - 1);
             if (o->slots[j] == 0)
                 return;
-            size_t home = (size_t)position_hash(&o->ring[o->slots[j] - 1]) & (o->nslots - 1);
+            size_t home = (size_t)version_hash(&o->ring[o->slots[j] - 1]) & (o->nslots - 1);
             /* Move slot j back to i unless its home lies cyclically in (i, j]. */
             bool stays = i <= j ? (i < home && home <= j) : (i < home || home <= j);
             if (!stays)
@@ -459,7 +459,7 @@ static void unindex(ces_order_t *o, size_t r) {
     }
 }
 
-static void remember(ces_order_t *o, const ces_position_t *p) {
+static void remember(ces_order_t *o, const ces_version_t *p) {
     if (o->ring_size == 0 || seen(o, p))
         return;
     size_t r = o->ring_next;
@@ -467,11 +467,11 @@ static void remember(ces_order_t *o, const ces_position_t *p) {
         unindex(o, r);
     else
         o->ring_used++;
-    if (o->ring_used == 1 || ces_position_compare(p, &o->ring_max) > 0)
+    if (o->ring_used == 1 || ces_version_compare(p, &o->ring_max) > 0)
         o->ring_max = *p;
     o->ring[r] = *p;
     o->ring_next = (r + 1) % o->ring_size;
-    size_t i = (size_t)position_hash(p) & (o->nslots - 1);
+    size_t i = (size_t)version_hash(p) & (o->nslots - 1);
     while (o->slots[i] != 0)
         i = (i + 1) & (o->nslots - 1);
     o->slots[i] = (uint32_t)(r + 1);
@@ -482,7 +482,7 @@ int ces_order_set_in_flight(ces_order_t *o, const ces_batch_t *batch) {
     if (o->ring_size == 0)
         return 0;
     if (batch->count > o->flight_capacity) {
-        ces_position_t *f = realloc(o->flight, batch->count * sizeof(*f));
+        ces_version_t *f = realloc(o->flight, batch->count * sizeof(*f));
         if (f == NULL)
             return -1;
         o->flight = f;
@@ -490,10 +490,10 @@ int ces_order_set_in_flight(ces_order_t *o, const ces_batch_t *batch) {
     }
     for (size_t i = 0; i < batch->count; i++) {
         if (batch->items[i].kind == CES_ITEM_EVENT)
-            o->flight[o->nflight++] = batch->items[i].event.position;
+            o->flight[o->nflight++] = batch->items[i].event.version;
     }
     if (o->nflight > 1) /* a batch of positions only has no events (and may have no array) */
-        sort_unless_sorted(o->flight, o->nflight, sizeof(ces_position_t), by_position);
+        sort_unless_sorted(o->flight, o->nflight, sizeof(ces_version_t), by_position);
     return 0;
 }
 
@@ -512,15 +512,15 @@ void ces_order_committed(ces_order_t *o, const ces_batch_t *batch) {
         if (o->ring_size > 0 && ahead < batch->count) {
             if (batch->items[ahead].kind == CES_ITEM_EVENT)
                 __builtin_prefetch(
-                    &o->slots[position_hash(&batch->items[ahead].event.position) & mask], 1);
+                    &o->slots[version_hash(&batch->items[ahead].event.version) & mask], 1);
             if (o->ring_used == o->ring_size) {
-                const ces_position_t *out = &o->ring[(o->ring_next + ORDER_PREFETCH_AHEAD) %
+                const ces_version_t *out = &o->ring[(o->ring_next + ORDER_PREFETCH_AHEAD) %
                                                      o->ring_size];
-                __builtin_prefetch(&o->slots[position_hash(out) & mask], 1);
+                __builtin_prefetch(&o->slots[version_hash(out) & mask], 1);
             }
         }
         if (batch->items[i].kind == CES_ITEM_EVENT)
-            remember(o, &batch->items[i].event.position);
+            remember(o, &batch->items[i].event.version);
     }
 }
 
@@ -576,7 +576,7 @@ static txn_t *find_or_insert(ces_order_t *o, ces_lsn_t lsn) {
 }
 
 ces_order_status_t ces_order_add(ces_order_t *o, const ces_item_t *item) {
-    const ces_position_t *pos = &item->event.position;
+    const ces_version_t *pos = &item->event.version;
     /* Checked before a transaction is made for it: an empty one would block the release order. */
     bool duplicate = seen(o, pos);
     txn_t *t = duplicate ? NULL : find_or_insert(o, pos->commit_lsn);
@@ -623,8 +623,8 @@ bool ces_order_oldest(const ces_order_t *o, ces_lsn_t *lsn, size_t *events, size
 
 static int by_sequence(const void *a, const void *b) {
     const ces_item_t *x = a, *y = b;
-    if (x->event.position.sequence != y->event.position.sequence)
-        return x->event.position.sequence < y->event.position.sequence ? -1 : 1;
+    if (x->event.version.sequence != y->event.version.sequence)
+        return x->event.version.sequence < y->event.version.sequence ? -1 : 1;
     /* Equal sequences cannot both be held (duplicates are dropped); keep arrival order. */
     return 0;
 }
@@ -638,7 +638,7 @@ long ces_order_pop_oldest(ces_order_t *o, ces_batch_t *batch) {
     for (size_t i = 0; i < t->count; i++) {
         ces_item_t *src = &t->items[i];
         size_t bytes = ces_item_bytes(src); /* counted when it came: the arena is not read */
-        if (seen(o, &src->event.position)) {
+        if (seen(o, &src->event.version)) {
             track_offsets(o, src, false);
             o->duplicates++;
             ces_arena_destroy(src->arena);

@@ -24,11 +24,11 @@ static int collect_position(ces_pipeline_t *p, ces_partition_t *part) {
     if (p->order != NULL && ces_order_min_offset(p->order, part->topic, part->partition, &offset) &&
         offset < held)
         held = offset;
-    ces_offset_update_t update;
+    ces_position_update_t update;
     if (!ces_positions_to_store(&part->pos, part->topic, part->partition, held, &update))
         return 0;
     const ces_source_gap_t *gap = ces_positions_gap_to_store(&part->pos);
-    if (ces_batch_set_offset(&p->batch, &update) != 0 ||
+    if (ces_batch_set_position(&p->batch, &update) != 0 ||
         (gap != NULL && ces_batch_add_gap(&p->batch, gap) != 0))
         return -1;
     return 0;
@@ -52,8 +52,8 @@ static void batch_applied(ces_pipeline_t *p, ces_batch_t *batch, const ces_apply
     ces_stream_committed(&p->stream, st);
     if (p->order != NULL)
         ces_order_committed(p->order, batch);
-    for (size_t i = 0; i < batch->noffsets; i++) {
-        const ces_offset_update_t *o = &batch->offsets[i];
+    for (size_t i = 0; i < batch->npositions; i++) {
+        const ces_position_update_t *o = &batch->positions[i];
         ces_partition_t *part = ces_partitions_get(p->partitions, o->topic, o->partition, false);
         if (part != NULL)
             ces_positions_on_commit(&part->pos, o->next);
@@ -153,7 +153,7 @@ static ces_pipeline_status_t flush(ces_pipeline_t *p, bool async, char *errstr,
             return CES_PIPELINE_FATAL;
         }
     }
-    if (p->batch.count == 0 && p->batch.noffsets == 0 && !(p->stream.open && commit))
+    if (p->batch.count == 0 && p->batch.npositions == 0 && !(p->stream.open && commit))
         return CES_PIPELINE_OK;
     int64_t started_ms = ces_clock_now_ms();
     ces_lateness_sent(&p->late, started_ms);

@@ -75,15 +75,15 @@ static int add_event(ces_pipeline_t *p, const ces_source_t *source, const ces_ev
                      const ces_source_t *more, size_t nmore, int64_t now_ms) {
     if ((unsigned)event->op < 4)
         p->stats.events_consumed[event->op]++;
-    ces_lsn_t lsn = event->position.commit_lsn;
+    ces_lsn_t lsn = event->version.commit_lsn;
     bool torn_first = false;
     bool late = p->order != NULL && ces_lateness_is_late(&p->late, p->partitions, source, lsn, &torn_first);
     bool after_release = p->order != NULL && ces_lateness_after_release(&p->late, lsn); /* never late */
     if (p->order != NULL) {
         /* Even a skipped event tells how far its partitions have come. */
-        ces_partitions_saw_commit(p->partitions, source, event->position.commit_lsn);
+        ces_partitions_saw_commit(p->partitions, source, event->version.commit_lsn);
         for (size_t i = 0; i < nmore; i++)
-            ces_partitions_saw_commit(p->partitions, &more[i], event->position.commit_lsn);
+            ces_partitions_saw_commit(p->partitions, &more[i], event->version.commit_lsn);
     }
     if (!table_selected(p, event)) {
         p->stats.excluded++;

@@ -57,27 +57,27 @@ static void compact_form_of_logicalid(void **state) {
 
 static void position_order(void **state) {
     (void)state;
-    ces_position_t a = {lsn("1:2:3"), 5}, b = {lsn("1:2:3"), 6}, c = {lsn("1:2:4"), 1};
-    assert_true(ces_position_compare(&a, &b) < 0);
-    assert_true(ces_position_compare(&b, &c) < 0);
-    assert_true(ces_position_compare(&c, &a) > 0);
-    assert_int_equal(ces_position_compare(&a, &a), 0);
+    ces_version_t a = {lsn("1:2:3"), 5}, b = {lsn("1:2:3"), 6}, c = {lsn("1:2:4"), 1};
+    assert_true(ces_version_compare(&a, &b) < 0);
+    assert_true(ces_version_compare(&b, &c) < 0);
+    assert_true(ces_version_compare(&c, &a) > 0);
+    assert_int_equal(ces_version_compare(&a, &a), 0);
 }
 
 static void version_is_one_ordered_number(void **state) {
     (void)state;
     char buf[64];
-    ces_position_t zero = {{0, 0}, 0};
+    ces_version_t zero = {{0, 0}, 0};
     ces_version_format(&zero, buf, sizeof(buf));
     assert_string_equal(buf, "000000000000000000000");
-    ces_position_t top = {{0xFFFFFFFFu, 0xFFFFFFFFFFFFULL}, UINT64_MAX};
+    ces_version_t top = {{0xFFFFFFFFu, 0xFFFFFFFFFFFFULL}, UINT64_MAX};
     ces_version_format(&top, buf, sizeof(buf));
     assert_string_equal(buf, "1208925819614629174706175" "18446744073709551615");
-    ces_position_t some = {lsn("27:1A8:3"), 12};
+    ces_version_t some = {lsn("27:1A8:3"), 12};
     ces_version_format(&some, buf, sizeof(buf));
     assert_string_equal(buf, "10977524119502851" "00000000000000000012");
     /* Around 10^19, where the LSN is split into two 64-bit halves. */
-    ces_position_t split = {{0x8AC7u, 0x230489E80000ULL}, 7}; /* exactly 10^19 */
+    ces_version_t split = {{0x8AC7u, 0x230489E80000ULL}, 7}; /* exactly 10^19 */
     ces_version_format(&split, buf, sizeof(buf));
     assert_string_equal(buf, "10000000000000000000" "00000000000000000007");
     split.commit_lsn.low -= 1;
@@ -91,7 +91,7 @@ static void version_is_one_ordered_number(void **state) {
     uint64_t x = 88172645463325252ULL;
     for (int i = 0; i < 20000; i++) {
         x ^= x << 13, x ^= x >> 7, x ^= x << 17;
-        ces_position_t p = {{(uint32_t)(x >> 32) >> (i % 33 == 32 ? 0 : i % 33),
+        ces_version_t p = {{(uint32_t)(x >> 32) >> (i % 33 == 32 ? 0 : i % 33),
                              (x * 2654435761u) & 0xFFFFFFFFFFFFULL >> (i % 48)},
                             x >> (i % 64)};
         u128 v = ((u128)p.commit_lsn.high << 48) | p.commit_lsn.low;
@@ -149,7 +149,7 @@ static void ceiling_splits_at_the_lsn(void **state) {
     ces_lsn_t at = lsn("27:1A8:3");
     ces_version_ceiling(at, ceiling, sizeof(ceiling));
     assert_string_equal(ceiling, "10977524119502851" "99999999999999999999");
-    ces_position_t last_at = {at, UINT64_MAX}, first_after = {lsn("27:1A8:4"), 0},
+    ces_version_t last_at = {at, UINT64_MAX}, first_after = {lsn("27:1A8:4"), 0},
                    before = {lsn("27:1A8:2"), UINT64_MAX};
     ces_version_format(&last_at, v, sizeof(v));
     assert_true(version_cmp(v, ceiling) < 0);
@@ -189,7 +189,7 @@ static void compact_copy_is_one_allocation(void **state) {
                              TEST_FIELD("Name", NULL, 0, true)};
     ces_event_t ev = {.op = CES_OP_UPDATE, .id = "e1", .logicalid = NULL, .time = NULL,
                       .db = db, .schema = schema, .table = table,
-                      .position = {lsn("1:2:3"), 7}, .cols = cols, .ncols = 2,
+                      .version = {lsn("1:2:3"), 7}, .cols = cols, .ncols = 2,
                       .pkkey = key, .npkkey = 1, .current = current, .ncurrent = 2};
     ces_event_t copy;
     const size_t record = 300;
@@ -206,7 +206,7 @@ static void compact_copy_is_one_allocation(void **state) {
     assert_string_equal(copy.db, "db");
     assert_string_equal(copy.schema, "dbo");
     assert_string_equal(copy.table, "T");
-    assert_int_equal(ces_position_compare(&copy.position, &ev.position), 0);
+    assert_int_equal(ces_version_compare(&copy.version, &ev.version), 0);
     assert_int_equal(copy.ncols, 2);
     assert_string_equal(copy.cols[1].name, "Name");
     assert_string_equal(copy.cols[1].type, "nvarchar(50)");

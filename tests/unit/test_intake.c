@@ -194,7 +194,7 @@ static void staged_records_decode_alike(void **state) {
         }
         joined += a->nmore_sources;
         assert_string_equal(a->event.table, b->event.table);
-        assert_true(ces_position_compare(&a->event.position, &b->event.position) == 0);
+        assert_true(ces_version_compare(&a->event.version, &b->event.version) == 0);
         assert_int_equal(a->event.ncurrent, 1);
         assert_string_equal(a->event.current[0].value, b->event.current[0].value);
     }

@@ -54,7 +54,7 @@ static void late_event_tears_its_transaction_once(void **state) {
     tick(p, WINDOW + 300 + 625);
     assert_int_equal(ces_pipeline_batch_events(p), 1);
     const ces_item_t *item = ces_pipeline_batch_item(p, 0);
-    assert_int_equal(item->event.position.sequence, 2);
+    assert_int_equal(item->event.version.sequence, 2);
     assert_true(item->late);
     assert_true(item->torn);
     assert_int_equal(item->source.partition, 1);

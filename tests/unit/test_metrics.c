@@ -69,7 +69,7 @@ static void counts_dead_letters_by_class(void **state) {
     assert_int_equal(sum.dead_letters, CES_DL_NCLASSES * (CES_DL_NCLASSES + 1) / 2);
     free(page);
     free(batch.items);
-    free(batch.offsets);
+    free(batch.positions);
     ces_metrics_destroy(m);
 }
 
@@ -116,7 +116,7 @@ static void counts_late_events_and_torn_transactions(void **state) {
     assert_null(strstr(page, "ces2pg_reorder_window_seconds"));
     free(page);
     free(batch.items);
-    free(batch.offsets);
+    free(batch.positions);
     ces_metrics_destroy(m);
 }
 
@@ -159,7 +159,7 @@ static void counts_torn_transactions_of_many_partitions(void **state) {
     }
     free(page);
     free(batch.items);
-    free(batch.offsets);
+    free(batch.positions);
     ces_metrics_destroy(m);
 }
 
@@ -196,7 +196,7 @@ static void renders_bounded_labels(void **state) {
     assert_non_null(strstr(page, "ces2pg_last_applied_commit_timestamp_seconds 1741971099.613\n"));
     free(page);
     free(batch.items);
-    free(batch.offsets);
+    free(batch.positions);
     ces_metrics_destroy(m);
 }
 
@@ -231,7 +231,7 @@ static void counts_each_of_many_interleaved_tables(void **state) {
         }
         ces_metrics_add_batch(m, &batch, 0.01);
         free(batch.items);
-        free(batch.offsets);
+        free(batch.positions);
     }
     /* Joined with '.', every pair of these names makes a different key; many share a prefix. */
     char *page;

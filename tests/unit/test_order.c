@@ -10,9 +10,9 @@ static ces_item_t item(uint32_t vlf, uint64_t low, uint64_t seq, int32_t partiti
     it.source.topic = "ces";
     it.source.partition = partition;
     it.source.offset = offset;
-    it.event.position.commit_lsn.high = vlf;
-    it.event.position.commit_lsn.low = low;
-    it.event.position.sequence = seq;
+    it.event.version.commit_lsn.high = vlf;
+    it.event.version.commit_lsn.low = low;
+    it.event.version.sequence = seq;
     it.arena = ces_arena_new();
     return it;
 }
@@ -51,8 +51,8 @@ static void groups_and_orders(void **state) {
     assert_int_equal(ces_order_pop_oldest(o, &batch), 2);
     assert_int_equal(batch.count, 3);
     /* Sequence order inside the transaction, whatever the arrival order. */
-    assert_int_equal(batch.items[1].event.position.sequence, 1);
-    assert_int_equal(batch.items[2].event.position.sequence, 2);
+    assert_int_equal(batch.items[1].event.version.sequence, 1);
+    assert_int_equal(batch.items[2].event.version.sequence, 2);
     assert_int_equal(batch.items[1].source.offset, 4);
     assert_true(ces_order_min_offset(o, "ces", 0, &off));
     assert_int_equal(off, 5);
@@ -241,7 +241,7 @@ static void duplicates_within_a_held_transaction(void **state) {
     assert_int_equal(ces_order_duplicates(o), 4);
     assert_int_equal(ces_order_pop_oldest(o, &batch), 6);
     for (size_t i = 0; i < 6; i++)
-        assert_int_equal(batch.items[i].event.position.sequence, i + 1);
+        assert_int_equal(batch.items[i].event.version.sequence, i + 1);
     ces_batch_clear(&batch);
     ces_batch_free(&batch);
     ces_order_destroy(o);
@@ -304,10 +304,10 @@ static void duplicates_within_a_large_interleaved_transaction(void **state) {
 
     assert_int_equal(ces_order_pop_oldest(o, &batch), (long)held);
     for (size_t i = 1; i < batch.count; i++)
-        assert_true(batch.items[i - 1].event.position.sequence <
-                    batch.items[i].event.position.sequence);
-    assert_int_equal(batch.items[0].event.position.sequence, 0);
-    assert_true(batch.items[batch.count - 1].event.position.sequence == UINT64_MAX);
+        assert_true(batch.items[i - 1].event.version.sequence <
+                    batch.items[i].event.version.sequence);
+    assert_int_equal(batch.items[0].event.version.sequence, 0);
+    assert_true(batch.items[batch.count - 1].event.version.sequence == UINT64_MAX);
     ces_batch_clear(&batch);
     ces_batch_free(&batch);
     ces_order_destroy(o);
@@ -384,7 +384,7 @@ static void release_order_through_growth_and_moves(void **state) {
             for (size_t k = 1; k < nheld; k++)
                 min = held[k] < held[min] ? k : min;
             assert_int_equal(ces_order_pop_oldest(o, &batch), 1);
-            const ces_lsn_t *got = &batch.items[0].event.position.commit_lsn;
+            const ces_lsn_t *got = &batch.items[0].event.version.commit_lsn;
             if (((uint64_t)got->high << 40 | got->low) != held[min])
                 fail_msg("pop %zu: not the oldest held", pops);
             pops++;
@@ -412,7 +412,7 @@ static void release_order_through_growth_and_moves(void **state) {
     uint64_t last = 0;
     while (nheld-- > 0) {
         assert_int_equal(ces_order_pop_oldest(o, &batch), 1);
-        const ces_lsn_t *got = &batch.items[0].event.position.commit_lsn;
+        const ces_lsn_t *got = &batch.items[0].event.version.commit_lsn;
         uint64_t lsn = (uint64_t)got->high << 40 | got->low;
         assert_true(lsn > last);
         last = lsn;
@@ -537,7 +537,7 @@ static void drops_a_revoked_partitions_events(void **state) {
     assert_int_equal(ces_order_pop_oldest(o, &batch), 1); /* 100 without its partition 1 event */
     assert_int_equal(batch.items[0].source.partition, 0);
     assert_int_equal(ces_order_pop_oldest(o, &batch), 1);
-    assert_int_equal(batch.items[1].event.position.commit_lsn.low, 300);
+    assert_int_equal(batch.items[1].event.version.commit_lsn.low, 300);
     ces_batch_clear(&batch);
     ces_batch_free(&batch);
 

@@ -108,7 +108,7 @@ static inline void tick(ces_pipeline_t *p, int64_t now) {
 }
 
 static inline unsigned seq_at(ces_pipeline_t *p, size_t i) {
-    return (unsigned)ces_pipeline_batch_item(p, i)->event.position.sequence;
+    return (unsigned)ces_pipeline_batch_item(p, i)->event.version.sequence;
 }
 
 /* Four events in three complete transactions (10: two events, 11, 12). */

@@ -17,7 +17,7 @@ static void read_records(ces_partition_position_t *pos, int64_t from, int64_t to
 static void fresh_partition_stores_after_what_it_read(void **state) {
     (void)state;
     ces_partition_position_t pos;
-    ces_offset_update_t u;
+    ces_position_update_t u;
     ces_positions_on_assign(&pos, "t", 3, -1);
     assert_false(ces_positions_to_store(&pos, "t", 3, NONE, &u)); /* nothing read yet */
     assert_int_equal(ces_positions_next_to_apply(&pos), -1);
@@ -33,7 +33,7 @@ static void fresh_partition_stores_after_what_it_read(void **state) {
 static void held_records_hold_the_position_back(void **state) {
     (void)state;
     ces_partition_position_t pos;
-    ces_offset_update_t u;
+    ces_position_update_t u;
     ces_positions_on_assign(&pos, "t", 0, 50);
     read_records(&pos, 50, 60);
     /* Offset 53 is a segment (or a held event) not yet applied: 53 is the most that may go. */
@@ -66,7 +66,7 @@ static void rewind_goes_back_to_the_stored_position(void **state) {
     assert_int_equal(ces_positions_on_rewind(&pos, 25), 25);
     assert_int_equal(pos.stored, 25);
     assert_false(pos.dirty);
-    ces_offset_update_t u;
+    ces_position_update_t u;
     assert_false(ces_positions_to_store(&pos, "t", 0, NONE, &u));
     ces_positions_on_read(&pos, 25);
     assert_true(ces_positions_to_store(&pos, "t", 0, NONE, &u));
@@ -84,7 +84,7 @@ static void rewind_without_stored_position_restarts_at_the_first_record_read(voi
     read_records(&pos, 700, 720);
     assert_int_equal(ces_positions_on_rewind(&pos, -1), 700);
     assert_int_equal(pos.next, 700);
-    ces_offset_update_t u;
+    ces_position_update_t u;
     assert_false(ces_positions_to_store(&pos, "t", 1, NONE, &u));
     read_records(&pos, 700, 705);
     assert_true(ces_positions_to_store(&pos, "t", 1, NONE, &u));
@@ -97,7 +97,7 @@ static void rewind_without_stored_position_restarts_at_the_first_record_read(voi
 static void revoke_forgets_everything(void **state) {
     (void)state;
     ces_partition_position_t pos;
-    ces_offset_update_t u;
+    ces_position_update_t u;
     ces_positions_on_assign(&pos, "t", 2, 5);
     read_records(&pos, 5, 9);
     ces_positions_on_revoke(&pos);
@@ -140,7 +140,7 @@ static void accepted_gap_goes_with_the_position_past_it(void **state) {
     (void)state;
     ces_partition_position_t pos;
     ces_source_gap_t gap;
-    ces_offset_update_t u;
+    ces_position_update_t u;
     ces_positions_on_assign(&pos, "t", 0, 100);
     assert_true(ces_positions_check_resume(&pos, "t", 0, 150, false, &gap));
     ces_positions_resume_checked(&pos, &gap);
@@ -170,7 +170,7 @@ static void accepted_gap_behind_the_stored_position_is_stored(void **state) {
     (void)state;
     ces_partition_position_t pos;
     ces_source_gap_t gap;
-    ces_offset_update_t u;
+    ces_position_update_t u;
     ces_positions_on_assign(&pos, "t", 0, 100000);
     assert_true(ces_positions_check_resume(&pos, "t", 0, 0, false, &gap));
     ces_positions_resume_checked(&pos, &gap);
