@@ -44,7 +44,7 @@
  * drops the oldest message sets whether or not anyone has read them, and a
  * consumer behind them gets OFFSET_OUT_OF_RANGE and jumps to the new start.
  * Neither limit is settable in 2.0.2; produce big streams at the consumer's
- * pace (see tests/integration/conftest.py, PacedProducer).
+ * pace (see tests/harness/mockbroker.py, PacedProducer).
  *
  * On SIGTERM or SIGINT it logs the signal and the pid that sent it on stderr
  * and stops. Exit status: 0 after a clean stop, 64 on a usage error, 1 on

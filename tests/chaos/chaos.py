@@ -43,12 +43,10 @@ Checks, all of which must hold after every run:
 
 import contextlib
 import decimal
-import importlib.util
 import json
 import random
 import re
 import signal
-import sys
 import threading
 import time
 import zlib
@@ -56,22 +54,15 @@ from pathlib import Path
 
 import psycopg2
 
-_HERE = Path(__file__).resolve().parent
-
-
-def _load(name, path):
-    # Loaded under their own names: every tier's file is "conftest" to pytest.
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-harness = _load("ces2pg_harness", _HERE.parent / "integration" / "conftest.py")
-realbroker = _load("ces2pg_realbroker", _HERE.parent / "realbroker" / "conftest.py")
+from harness import common
+from harness.common import wait_until
+from harness.daemon import DEFAULT_KAFKA_PROPERTIES
+from harness.events import PKKEY_RE, generate
+from harness.mockbroker import watermarks
+from harness.progress import dead_letters, read_offsets_conn
+from harness.realkafka import DAEMON_PROPERTIES, eventhubs_kafka_lines
+from harness.reports import tail_text
+from harness.tables import assert_tables_match
 
 GROUP = "ces2pg-chaos"
 APP_NAME = "ces2pg-chaos"  # ces2pg's application_name, to find its session
@@ -342,8 +333,8 @@ def check_audit(db, tables=TABLES):
 # --------------------------------------------------------------------------
 
 
-class Background(harness.Background):
-    """harness.Background with failed(): the thread's error without stopping
+class Background(common.Background):
+    """harness.common.Background with failed(): the thread's error without stopping
     it, so that the run can fail as soon as one thread has."""
 
     def failed(self):
@@ -481,7 +472,7 @@ class OffsetWatcher(Background):
                 try:
                     if conn is None:
                         conn = _connect(self.db, "chaos-offsets")
-                    now = harness._read_offsets_conn(conn, self.group, self.topic)
+                    now = read_offsets_conn(conn, self.group, self.topic)
                 except PG_GONE:
                     if conn is not None:
                         conn.close()
@@ -506,10 +497,10 @@ class OffsetWatcher(Background):
 
 def column_partition(record, nparts, by_logicalid):
     """The partition ces-gen's Column scheme gives a JSON record: crc32 of its
-    first key value; a later segment follows its first (harness.stream_partitions
+    first key value; a later segment follows its first (harness.events.stream_partitions
     for one record at a time)."""
     event = json.loads(record)
-    m = harness._PKKEY_RE.search(event["data"])
+    m = PKKEY_RE.search(event["data"])
     if m:
         p = zlib.crc32(m.group(1).encode()) % nparts
         by_logicalid[event["logicalid"]] = p
@@ -582,7 +573,7 @@ class StreamProducer(Background):
                             try:
                                 if conn is None:
                                     conn = _connect(self.db, "chaos-producer")
-                                now = harness._read_offsets_conn(
+                                now = read_offsets_conn(
                                     conn, self.group, self.topic)
                             except PG_GONE:
                                 if conn is not None:
@@ -619,7 +610,7 @@ class StreamProducer(Background):
                         try:
                             if conn is None:
                                 conn = _connect(self.db, "chaos-producer")
-                            applied = harness._read_offsets_conn(
+                            applied = read_offsets_conn(
                                 conn, self.group, self.topic)
                             last_change = time.monotonic()
                         except PG_GONE:
@@ -718,7 +709,7 @@ class MockTarget:
     brokers = MOCK_BROKERS
     # Offsets committed to Kafka every second (librdkafka's default is 5 s): the 3 s of an
     # OffsetCommit fault then always meet commits.
-    properties = harness.DEFAULT_KAFKA_PROPERTIES + ("reconnect.backoff.max.ms=1000",
+    properties = DEFAULT_KAFKA_PROPERTIES + ("reconnect.backoff.max.ms=1000",
                                                      "auto.commit.interval.ms=1000")
     max_backlog = MOCK_BACKLOG
 
@@ -768,13 +759,13 @@ class MockTarget:
 
 
 class RealTarget:
-    """Apache Kafka 4.1 (tests/kafka/kafka-broker), ces2pg in Event Hubs mode
+    """Apache Kafka 4.1 (tests/harness/kafka/kafka-broker), ces2pg in Event Hubs mode
     on its SASL_SSL listener."""
 
     name = "real"
     kinds = tuple(k for k in KINDS if k != "request_errors")
     brokers = 1
-    properties = realbroker.DAEMON_PROPERTIES + ("reconnect.backoff.max.ms=1000",)
+    properties = DAEMON_PROPERTIES + ("reconnect.backoff.max.ms=1000",)
     max_backlog = None  # a real broker keeps everything
 
     def __init__(self, kafka, topic, tmp_path):
@@ -789,7 +780,7 @@ class RealTarget:
 
     def daemon_args(self):
         return {"broker": self.kafka.sasl_ssl, "properties": self.properties,
-                "kafka_extra": realbroker.eventhubs_kafka_lines(
+                "kafka_extra": eventhubs_kafka_lines(
                     self.kafka, tmp_path=self.tmp_path)}
 
     def broker_down(self, fault):
@@ -907,8 +898,8 @@ class Chaos:
         if self.soak:
             args += ["--mix", "40,45,15"]  # fewer keys: the model stays small
         started = time.monotonic()
-        expect = harness.generate(self.tmp_path, seed=stream_seed, events=events,
-                                  extra_args=args, timeout=3600)
+        expect = generate(self.tmp_path, seed=stream_seed, events=events,
+                          extra_args=args, timeout=3600)
         self.expect = expect
         self.records = expect["records"]
         self.bank_total = sum(decimal.Decimal(r["balance"])
@@ -956,8 +947,8 @@ class Chaos:
             producer.start()
             # The stream first: ces2pg must not find idle partitions that wake
             # up later (an idle partition counts as complete by design).
-            harness.wait_until(lambda: self.check_threads() or producer.produced >= self.rate,
-                               60, message="the first second of the stream")
+            wait_until(lambda: self.check_threads() or producer.produced >= self.rate,
+                       60, message="the first second of the stream")
             self.start_daemon()
             reader.start()
             sampler.start()
@@ -1017,7 +1008,7 @@ class Chaos:
         rc = self.daemon.proc.poll()
         if rc is not None:
             self.fail(f"ces2pg #{self.instances} exited by itself with status {rc}; "
-                      f"log tail:\n{harness._tail_text(self.daemon.log_path)[-4000:]}")
+                      f"log tail:\n{tail_text(self.daemon.log_path)[-4000:]}")
 
     def sleep(self, seconds):
         end = time.monotonic() + seconds
@@ -1041,13 +1032,13 @@ class Chaos:
             return (self.producer.done.is_set()
                     and total == self.producer.delivered == self.records)
 
-        harness.wait_until(progressed, timeout, interval=0.05,
-                           message=lambda: self.fail(
-                               f"{what}: ces2pg committed nothing for {timeout}s "
-                               f"(offsets {self.watcher.snapshot()}, "
-                               f"{self.producer.produced} records produced); "
-                               f"log tail:\n"
-                               f"{harness._tail_text(self.daemon.log_path)[-3000:]}"))
+        wait_until(progressed, timeout, interval=0.05,
+                   message=lambda: self.fail(
+                       f"{what}: ces2pg committed nothing for {timeout}s "
+                       f"(offsets {self.watcher.snapshot()}, "
+                       f"{self.producer.produced} records produced); "
+                       f"log tail:\n"
+                       f"{tail_text(self.daemon.log_path)[-3000:]}"))
         return time.monotonic() - started
 
     def offsets_now(self):
@@ -1057,7 +1048,7 @@ class Chaos:
         while True:
             try:
                 with contextlib.closing(_connect(self.db, "chaos-faults")) as conn:
-                    return sum(harness._read_offsets_conn(conn, GROUP, self.topic).values())
+                    return sum(read_offsets_conn(conn, GROUP, self.topic).values())
             except PG_GONE:
                 if time.monotonic() > deadline:
                     raise
@@ -1111,7 +1102,7 @@ class Chaos:
             + f", exit {rc} after {time.monotonic() - started:.1f}s")
         if rc != 0:
             self.fail(f"ces2pg #{n} exited with {rc} after SIGTERM (0 expected); "
-                      f"log tail:\n{harness._tail_text(self.daemon.log_path)[-4000:]}")
+                      f"log tail:\n{tail_text(self.daemon.log_path)[-4000:]}")
         self.start_daemon()
 
     def fault_pg_crash(self, fault):
@@ -1158,7 +1149,7 @@ class Chaos:
         path.write_text(text.replace(m.group(0), f"progress_interval = {interval};"))
         before = self.daemon.log().count("configuration reloaded")
         self.daemon.proc.send_signal(signal.SIGHUP)
-        harness.wait_until(
+        wait_until(
             lambda: self.check_alive() or
             self.daemon.log().count("configuration reloaded") > before,
             30, interval=0.05,
@@ -1170,8 +1161,8 @@ class Chaos:
 
     def finish(self):
         producer = self.producer
-        harness.wait_until(lambda: self.check_alive() or producer.done.is_set(),
-                           600, interval=0.1, message="the producer to finish")
+        wait_until(lambda: self.check_alive() or producer.done.is_set(),
+                   600, interval=0.1, message="the producer to finish")
         self.check_threads()
         counts = dict(producer.counts)
         self.note(f"stream produced: {sum(counts.values())} records, per partition "
@@ -1180,7 +1171,7 @@ class Chaos:
         # delivered: after a broker came back the mock can hold a produce the producer retried
         # twice (CI, seed 712086849: a log of 11,894 records for 11,892 delivered, no delivery
         # error), and ces2pg reads such copies like any resent record.
-        ends = {p: high for p, (_, high) in harness.watermarks(
+        ends = {p: high for p, (_, high) in watermarks(
             self.target.client_config(), self.target.topic, sorted(counts)).items()}
         short = {p: (ends[p], n) for p, n in counts.items() if ends[p] < n}
         if short:
@@ -1192,7 +1183,7 @@ class Chaos:
                       f"produce retried after an outage), per partition {twice}")
         # The last transactions wait for the window once every partition is quiet.
         deadline = time.monotonic() + WINDOW_MAX_MS / 1000 + 240
-        harness.wait_until(
+        wait_until(
             lambda: self.check_alive() or self.watcher.snapshot() ==
             {p: n for p, n in ends.items() if n}, deadline - time.monotonic(),
             interval=0.1, message=lambda: self.fail(
@@ -1210,10 +1201,10 @@ class Chaos:
         """Checks everything; returns the report or fails with it."""
         problems = []
         try:
-            harness.assert_tables_match(self.db, self.expect)
+            assert_tables_match(self.db, self.expect)
         except AssertionError as e:
             problems.append(f"rows differ from the model: {e}")
-        letters = harness.dead_letters(self.db)
+        letters = dead_letters(self.db)
         if letters:
             problems.append(f"{len(letters)} dead letter(s): "
                             + repr([(d['partition'], d['offset'], d['reason'])

@@ -7,10 +7,9 @@ Run with Debian's interpreter, after building (scripts/chaos does both):
     CES2PG_BUILD=build-asan /usr/bin/python3 -m pytest tests/chaos -s \\
         -k mock_broker [--faults N] [--seed S] [--soak MINUTES]
 
-The harness of tests/integration (PostgreSQL, the mock broker, the ces2pg
-daemon factory, the generator and comparison helpers) and the real-broker
-tier's Apache Kafka fixtures are loaded from their directories, like
-tests/realbroker/conftest.py does.
+The fixtures of every suite (PostgreSQL, the mock broker, the ces2pg daemon
+factory, Apache Kafka and its topics) come from the test harness
+(tests/harness, on sys.path through pytest.ini's pythonpath; harness.fixtures).
 
 Options:
     --faults N        faults per run (default: 30 on the mock, 10 on Kafka)
@@ -25,19 +24,12 @@ import random
 
 import pytest
 
-from chaos import PROFILES, harness, realbroker
+# Before the harness is imported, so that its asserts explain their failures.
+pytest.register_assert_rewrite("harness")
 
-# Fixtures and hooks (pytest finds them in this module's namespace).
-pg = harness.pg
-db = harness.db
-broker = harness.broker
-ces2pg = harness.ces2pg
-_track_item = harness._track_item
-pytest_runtest_setup = harness.pytest_runtest_setup
-pytest_runtest_makereport = harness.pytest_runtest_makereport
-kafka = realbroker.kafka
-kafka_logs = realbroker.kafka_logs
-topic = realbroker.topic
+from chaos import PROFILES  # noqa: E402
+
+pytest_plugins = ("harness.fixtures",)
 
 
 def pytest_addoption(parser):

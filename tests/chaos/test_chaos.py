@@ -16,9 +16,12 @@ from chaos import (
     RealTarget,
     RssSampler,
     check_audit,
-    harness,
     install_audit,
 )
+from harness.common import wait_until
+from harness.daemon import run_replay
+from harness.events import generate
+from harness.tables import assert_tables_match
 
 
 def test_chaos_mock_broker(tmp_path, pg, db, broker, ces2pg, chaos_options):
@@ -50,13 +53,13 @@ def test_checks_catch_what_they_check(tmp_path, db):
     PostgreSQL transactions, a change written twice, a reader's snapshot
     with money in flight, an offset moving backwards."""
     install_audit(db)
-    expect = harness.generate(
+    expect = generate(
         tmp_path, seed=31337, events=3000,
         extra_args=["--bank-accounts", str(ACCOUNTS), "--pk-changes",
                     "--reuse-deleted-keys", "--resend", "0.02"])
-    rc, out, err = harness.run_replay(db, expect["_out"])
+    rc, out, err = run_replay(db, expect["_out"])
     assert rc == 0, err
-    harness.assert_tables_match(db, expect)
+    assert_tables_match(db, expect)
     summary, problems = check_audit(db)
     assert problems == [], problems
     print(summary)
@@ -77,19 +80,19 @@ def test_checks_catch_what_they_check(tmp_path, db):
     db.query("UPDATE dbo.customers SET fullname = fullname || '!' "
              "WHERE customerid = (SELECT min(customerid) FROM dbo.customers)")
     with pytest.raises(AssertionError, match="dbo.customers"):
-        harness.assert_tables_match(db, expect)
+        assert_tables_match(db, expect)
 
     # The reader: money that appears in one table only.
     total = db.scalar("SELECT (SELECT sum(balance) FROM dbo.accountsa) + "
                       "(SELECT sum(balance) FROM dbo.accountsb)")
     reader = BankReader(db, ACCOUNTS, total).start()
     try:
-        harness.wait_until(lambda: reader.failed() or reader.full_reads >= 5, 30)
+        wait_until(lambda: reader.failed() or reader.full_reads >= 5, 30)
         assert reader.bad == 0, reader.summary()
         db.query("UPDATE dbo.accountsa SET balance = balance + 1 "
                  "WHERE accountid = (SELECT min(accountid) FROM dbo.accountsa)")
-        harness.wait_until(lambda: reader.failed() or reader.bad > 0, 30,
-                           message=reader.summary)
+        wait_until(lambda: reader.failed() or reader.bad > 0, 30,
+                   message=reader.summary)
     finally:
         reader.stop()
     assert "total" in reader.examples[0], reader.examples
@@ -102,9 +105,9 @@ def test_checks_catch_what_they_check(tmp_path, db):
     db.query("INSERT INTO ces2pg.offsets (group_id, topic, partition, next_offset) "
              "VALUES (%s, 'ces', 0, 10)", (GROUP,))
     watcher = OffsetWatcher(db, GROUP, "ces", interval=0.01).start()
-    harness.wait_until(lambda: watcher.failed() or watcher.polls >= 3, 30)
+    wait_until(lambda: watcher.failed() or watcher.polls >= 3, 30)
     db.query("UPDATE ces2pg.offsets SET next_offset = 9 WHERE group_id = %s", (GROUP,))
-    harness.wait_until(lambda: watcher.failed(), 30)
+    wait_until(lambda: watcher.failed(), 30)
     with pytest.raises(AssertionError, match="moved backwards: 10 -> 9"):
         watcher.stop()
 

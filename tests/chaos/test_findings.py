@@ -11,7 +11,11 @@ import re
 
 import psycopg2
 
-from chaos import APP_NAME, check_audit, harness, install_audit
+from chaos import APP_NAME, check_audit, install_audit
+from harness.common import wait_until
+from harness.events import generate, read_records
+from harness.progress import dead_letters, read_offsets, wait_applied
+from harness.tables import assert_tables_match
 
 GROUP = "ces2pg-findings"
 TOPIC = "ces"
@@ -21,13 +25,13 @@ def bank_records(tmp_path, seed, accounts, transfers_per_txn, transactions):
     """The bank stream split by table: (AccountsA's records, AccountsB's,
     expectation); the i-th records of both lists belong to one source
     transaction (every event of it on one table is in one list)."""
-    expect = harness.generate(
+    expect = generate(
         tmp_path, seed=seed,
         events=2 * accounts + 2 * transfers_per_txn * transactions,
         extra_args=["--workload", "bank", "--accounts", str(accounts),
                     "--transfers-per-txn", str(transfers_per_txn)])
     a, b = [], []
-    for rec in harness.read_records(expect["_out"]):
+    for rec in read_records(expect["_out"]):
         (a if b'\\"tbl\\":\\"AccountsA\\"' in rec else b).append(rec)
     return a, b, expect
 
@@ -59,15 +63,15 @@ def test_rebalance_while_streaming_commits_a_part(tmp_path, db, broker, ces2pg):
     mb.command("errors Heartbeat 1 ILLEGAL_GENERATION")
     daemon.wait_log(r"revoked \d+ partition", timeout=30)
     assigned = len(re.findall(r"assigned \d+ partition", daemon.log()))
-    harness.wait_until(
+    wait_until(
         lambda: len(re.findall(r"assigned \d+ partition", daemon.log())) > assigned,
         30, message="the partitions assigned again")
     mb.produce(TOPIC, a[half:], partition=0)
     mb.produce(TOPIC, b[half:], partition=1)
-    harness.wait_applied(db, GROUP, {0: len(a), 1: len(b)}, timeout=90,
-                         daemons=[daemon])
-    harness.assert_tables_match(db, expect)
-    assert harness.dead_letters(db) == []
+    wait_applied(db, GROUP, {0: len(a), 1: len(b)}, timeout=90,
+                 daemons=[daemon])
+    assert_tables_match(db, expect)
+    assert dead_letters(db) == []
     summary, problems = check_audit(db, tables=("dbo.accountsa", "dbo.accountsb"))
     print(summary)
     assert problems == [], "\n".join(problems) + "\nces2pg's log:\n" + "\n".join(
@@ -91,9 +95,9 @@ def test_commits_lost_by_postgresql_are_applied_again(tmp_path, pg, db, broker,
     commit of the test's own). ces2pg then finds positions older than its own
     (the fence) and must read from there again and apply what PostgreSQL
     lost."""
-    expect = harness.generate(tmp_path, seed=8080, events=600,
-                              extra_args=["--txn-size", "1-3"])
-    records = harness.read_records(expect["_out"])
+    expect = generate(tmp_path, seed=8080, events=600,
+                      extra_args=["--txn-size", "1-3"])
+    records = read_records(expect["_out"])
     mb = broker(partitions=1)
     db.query(f'ALTER DATABASE "{db.name}" SET synchronous_commit = off')
     db.query("CREATE TABLE public.wal_flush (at timestamptz)")
@@ -110,16 +114,16 @@ def test_commits_lost_by_postgresql_are_applied_again(tmp_path, pg, db, broker,
                         apply_extra=['ordering = "transaction";'])
         sent = 100
         mb.produce(TOPIC, records[:sent], partition=0)
-        harness.wait_applied(db, GROUP, {0: sent}, timeout=60, daemons=[daemon])
+        wait_applied(db, GROUP, {0: sent}, timeout=60, daemons=[daemon])
         durable()
         lost = None
         for chunk in (50,) * 5:
             mb.produce(TOPIC, records[sent:sent + chunk], partition=0)
             sent += chunk
-            harness.wait_applied(db, GROUP, {0: sent}, timeout=60, daemons=[daemon])
+            wait_applied(db, GROUP, {0: sent}, timeout=60, daemons=[daemon])
             pg.restart(mode="immediate")
-            (stored,) = harness.wait_until(lambda: _stored_offset(db), 30,
-                                           message="PostgreSQL back after the crash")
+            (stored,) = wait_until(lambda: _stored_offset(db), 30,
+                                   message="PostgreSQL back after the crash")
             if stored < sent:
                 lost = (stored, sent)
                 break
@@ -129,10 +133,10 @@ def test_commits_lost_by_postgresql_are_applied_again(tmp_path, pg, db, broker,
         assert lost is not None, "PostgreSQL lost no commit in 5 crashes: the case is not made"
         print(f"PostgreSQL's crash lost the changes of the records {lost[0]}..{lost[1] - 1}")
         mb.produce(TOPIC, records[sent:], partition=0)
-        harness.wait_applied(db, GROUP, {0: len(records)}, timeout=90,
-                             daemons=[daemon])
+        wait_applied(db, GROUP, {0: len(records)}, timeout=90,
+                     daemons=[daemon])
         try:
-            harness.assert_tables_match(db, expect)
+            assert_tables_match(db, expect)
         except AssertionError as e:
             raise AssertionError(
                 f"after PostgreSQL lost the records {lost[0]}..{lost[1] - 1}: {e}\n"
@@ -148,6 +152,6 @@ def _stored_offset(db):
     """(the stored offset of partition 0,), or None while PostgreSQL is not
     answering yet."""
     try:
-        return (harness.read_offsets(db, GROUP, TOPIC).get(0, 0),)
+        return (read_offsets(db, GROUP, TOPIC).get(0, 0),)
     except psycopg2.OperationalError:
         return None

@@ -16,17 +16,10 @@ import threading
 
 import psycopg2
 
-from conftest import (
-    Background,
-    assert_tables_match,
-    generate,
-    make_config,
-    read_records,
-    run_ces2pg,
-    run_replay,
-    write_config,
-    write_records,
-)
+from harness.common import Background
+from harness.daemon import make_config, run_ces2pg, run_replay, write_config
+from harness.events import generate, read_records, write_records
+from harness.tables import assert_tables_match
 
 EX_USAGE, EX_CONFIG = 64, 78
 

@@ -14,20 +14,13 @@ import time
 import psycopg2
 import pytest
 
-from conftest import (
-    PacedProducer,
-    assert_tables_match,
-    dead_letters,
-    free_port,
-    generate,
-    parse_replay_summary,
-    read_records,
-    run_replay,
-    wait_applied,
-    wait_until,
-    write_records,
-)
-from test_operations import metric, scrape
+from harness.common import free_port, wait_until
+from harness.daemon import parse_replay_summary, run_replay
+from harness.events import generate, read_records, write_records
+from harness.metrics import metric, scrape
+from harness.mockbroker import PacedProducer
+from harness.progress import dead_letters, wait_applied
+from harness.tables import assert_tables_match
 
 GROUP = "ces2pg-test"
 _lsn = [0x1000]

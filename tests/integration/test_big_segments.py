@@ -13,14 +13,10 @@ stays below the mock broker's 5 MiB per partition.
 
 import random
 
-from conftest import (
-    assert_tables_match,
-    dead_letters,
-    generate,
-    produce_placed,
-    read_records,
-    wait_applied,
-)
+from harness.events import generate, read_records
+from harness.mockbroker import produce_placed
+from harness.progress import dead_letters, wait_applied
+from harness.tables import assert_tables_match
 
 GROUP = "ces2pg-test"
 TOPIC = "ces"

@@ -29,24 +29,12 @@ import avro.datafile
 import avro.io
 import avro.schema
 
-from conftest import (
-    CES2PG,
-    ROOT,
-    PacedProducer,
-    assert_tables_match,
-    child_env,
-    dead_letters,
-    generate,
-    make_config,
-    parse_replay_summary,
-    read_offsets,
-    read_records,
-    run_replay,
-    stream_partitions,
-    wait_applied,
-    wait_until,
-    write_config,
-)
+from harness.common import CES2PG, ROOT, child_env, wait_until
+from harness.daemon import make_config, parse_replay_summary, run_replay, write_config
+from harness.events import generate, read_records, stream_partitions
+from harness.mockbroker import PacedProducer
+from harness.progress import dead_letters, read_offsets, wait_applied
+from harness.tables import assert_tables_match
 
 NAMESPACE, HUB = "shopns", "ces"
 TOPIC = f"capture:{NAMESPACE}/{HUB}"

@@ -4,7 +4,7 @@ import re
 
 import pytest
 
-from conftest import EX_CONFIG, EX_USAGE, make_config, run_ces2pg, write_config
+from harness.daemon import EX_CONFIG, EX_USAGE, make_config, run_ces2pg, write_config
 
 CONNINFO = "host=127.0.0.1 port=1 dbname=nowhere user=postgres"
 BROKERS = "127.0.0.1:1"
@@ -160,7 +160,7 @@ def test_usage_errors_exit_64(args):
 def test_reference_config_documents_every_key(tmp_path):
     """conf/ces2pg.conf is valid and names every key ces2pg knows (its own
     --check-config listing), so the reference cannot fall behind the code."""
-    from conftest import ROOT
+    from harness.common import ROOT
     reference = ROOT / "conf" / "ces2pg.conf"
     rc, out, err = run_ces2pg(["--check-config", "-c", str(reference)])
     assert rc == 0, err

@@ -24,7 +24,10 @@ import urllib.parse
 
 import pytest
 
-from conftest import ROOT, free_port, generate, http_get, wait_applied, wait_until
+from harness.common import ROOT, free_port, wait_until
+from harness.events import generate
+from harness.metrics import http_get
+from harness.progress import wait_applied
 
 CONTRIB = ROOT / "contrib"
 DASHBOARD = CONTRIB / "grafana" / "ces2pg.json"

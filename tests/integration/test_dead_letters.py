@@ -3,19 +3,11 @@ their position, and do not stop the records after them."""
 
 import json
 
-from conftest import (
-    PacedProducer,
-    assert_tables_match,
-    dead_letters,
-    example_record,
-    fetch_table,
-    generate,
-    parse_replay_summary,
-    read_records,
-    run_replay,
-    wait_applied,
-    write_records,
-)
+from harness.daemon import parse_replay_summary, run_replay
+from harness.events import example_record, generate, read_records, write_records
+from harness.mockbroker import PacedProducer
+from harness.progress import dead_letters, wait_applied
+from harness.tables import assert_tables_match, fetch_table
 
 BAD = b"not json at all"
 GROUP = "ces2pg-test"

@@ -7,17 +7,11 @@ import base64
 
 import pytest
 
-from conftest import (
-    PacedProducer,
-    assert_tables_match,
-    dead_letters,
-    generate,
-    parse_replay_summary,
-    read_records,
-    run_replay,
-    wait_applied,
-    write_records,
-)
+from harness.daemon import parse_replay_summary, run_replay
+from harness.events import generate, read_records, write_records
+from harness.mockbroker import PacedProducer
+from harness.progress import dead_letters, wait_applied
+from harness.tables import assert_tables_match
 
 GROUP = "ces2pg-test"
 

@@ -5,7 +5,7 @@ runs Event Hubs mode against Apache Kafka.)"""
 
 import time
 
-from conftest import EX_CONFIG, _cfg_str, make_config, run_ces2pg, write_config
+from harness.daemon import EX_CONFIG, cfg_str, make_config, run_ces2pg, write_config
 
 CONNINFO = "host=127.0.0.1 port=1 dbname=nowhere user=postgres"
 KEY = "c2VjcmV0LWtleS1vZi10aGUtdGVzdHM9PT09PT09PT0="
@@ -24,7 +24,7 @@ def check(tmp_path, kafka_extra, broker=None, **kw):
 
 def test_brokers_derived_from_endpoint(tmp_path):
     _, rc, out, err = check(tmp_path, [
-        f"eventhubs_connection_string = {_cfg_str(CONN)};"])
+        f"eventhubs_connection_string = {cfg_str(CONN)};"])
     assert rc == 0, err
     assert 'kafka.brokers = "contoso-ces.servicebus.windows.net:9093"' in out
     assert "kafka.eventhubs_connection_string = (set)" in out, out
@@ -32,7 +32,7 @@ def test_brokers_derived_from_endpoint(tmp_path):
 
 def test_brokers_given_win(tmp_path):
     _, rc, out, err = check(tmp_path, [
-        f"eventhubs_connection_string = {_cfg_str(CONN)};"],
+        f"eventhubs_connection_string = {cfg_str(CONN)};"],
         broker="127.0.0.1:19093")
     assert rc == 0, err
     assert 'kafka.brokers = "127.0.0.1:19093"' in out, out
@@ -42,7 +42,7 @@ def test_connection_string_file_is_trimmed(tmp_path):
     secret = tmp_path / "eventhubs.secret"
     secret.write_text(f"\n  {CONN}  \r\n")
     _, rc, out, err = check(tmp_path, [
-        f"eventhubs_connection_string_file = {_cfg_str(secret)};"])
+        f"eventhubs_connection_string_file = {cfg_str(secret)};"])
     assert rc == 0, err
     assert 'kafka.brokers = "contoso-ces.servicebus.windows.net:9093"' in out
     assert "kafka.eventhubs_connection_string = (set)" in out, out
@@ -52,7 +52,7 @@ def test_connection_string_file_is_trimmed(tmp_path):
 def test_connection_string_file_missing(tmp_path):
     missing = tmp_path / "nope.secret"
     path, rc, _, err = check(tmp_path, [
-        f"eventhubs_connection_string_file = {_cfg_str(missing)};"])
+        f"eventhubs_connection_string_file = {cfg_str(missing)};"])
     assert rc == EX_CONFIG, err
     assert "kafka.eventhubs_connection_string_file" in err, err
     assert str(missing) in err and str(path) in err, err
@@ -62,7 +62,7 @@ def test_connection_string_file_empty(tmp_path):
     empty = tmp_path / "empty.secret"
     empty.write_text(" \n")
     _, rc, _, err = check(tmp_path, [
-        f"eventhubs_connection_string_file = {_cfg_str(empty)};"])
+        f"eventhubs_connection_string_file = {cfg_str(empty)};"])
     assert rc == EX_CONFIG, err
     assert "empty" in err, err
 
@@ -71,8 +71,8 @@ def test_both_sources_refused(tmp_path):
     secret = tmp_path / "eventhubs.secret"
     secret.write_text(CONN)
     _, rc, _, err = check(tmp_path, [
-        f"eventhubs_connection_string = {_cfg_str(CONN)};",
-        f"eventhubs_connection_string_file = {_cfg_str(secret)};"])
+        f"eventhubs_connection_string = {cfg_str(CONN)};",
+        f"eventhubs_connection_string_file = {cfg_str(secret)};"])
     assert rc == EX_CONFIG, err
     assert "not both" in err, err
 
@@ -80,7 +80,7 @@ def test_both_sources_refused(tmp_path):
 def test_no_endpoint_refused_without_echo(tmp_path):
     bad = "SharedAccessKeyName=x;SharedAccessKey=" + KEY
     _, rc, _, err = check(tmp_path, [
-        f"eventhubs_connection_string = {_cfg_str(bad)};"])
+        f"eventhubs_connection_string = {cfg_str(bad)};"])
     assert rc == EX_CONFIG, err
     assert "Endpoint=sb://" in err and "not shown" in err, err
 
@@ -93,7 +93,7 @@ def test_brokers_required_without_connection_string(tmp_path):
 
 def test_sasl_password_property_conflicts(tmp_path):
     _, rc, _, err = check(
-        tmp_path, [f"eventhubs_connection_string = {_cfg_str(CONN)};"],
+        tmp_path, [f"eventhubs_connection_string = {cfg_str(CONN)};"],
         properties=("sasl.password=" + KEY,))
     assert rc == EX_CONFIG, err
     assert "sasl.password" in err, err
@@ -101,14 +101,14 @@ def test_sasl_password_property_conflicts(tmp_path):
 
 def test_recommended_settings_overridable(tmp_path):
     _, rc, _, err = check(
-        tmp_path, [f"eventhubs_connection_string = {_cfg_str(CONN)};"],
+        tmp_path, [f"eventhubs_connection_string = {cfg_str(CONN)};"],
         properties=("session.timeout.ms=10000", "metadata.max.age.ms=60000"))
     assert rc == 0, err
 
 
 def test_ssl_ca_file_must_be_readable(tmp_path):
     missing = tmp_path / "ca.pem"
-    _, rc, _, err = check(tmp_path, [f"ssl_ca_file = {_cfg_str(missing)};"],
+    _, rc, _, err = check(tmp_path, [f"ssl_ca_file = {cfg_str(missing)};"],
                           broker="127.0.0.1:9093")
     assert rc == EX_CONFIG, err
     assert "kafka.ssl_ca_file" in err and str(missing) in err, err
@@ -123,7 +123,7 @@ def test_unreachable_broker_is_retried(db, broker, ces2pg, tmp_path):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     daemon = ces2pg(db, f"127.0.0.1:{port}", kafka_extra=[
-        f"eventhubs_connection_string = {_cfg_str(CONN)};"],
+        f"eventhubs_connection_string = {cfg_str(CONN)};"],
         log_level="debug", properties=("debug=conf,security,broker",))
     daemon.wait_log(r"kafka: .*Connection refused", timeout=30)
     time.sleep(3)

@@ -7,19 +7,11 @@ checked against the rows the record describes, the version the row carries
 after a delete, the tombstone it leaves.
 """
 
-from conftest import (
-    EXAMPLE_ORDER,
-    EXAMPLES,
-    column_types,
-    dead_letters,
-    example_record,
-    fetch_table,
-    parse_replay_summary,
-    primary_key,
-    run_replay,
-    wait_applied,
-    write_records,
-)
+from harness.common import EXAMPLES
+from harness.daemon import parse_replay_summary, run_replay
+from harness.events import EXAMPLE_ORDER, example_record, write_records
+from harness.progress import dead_letters, wait_applied
+from harness.tables import column_types, fetch_table, primary_key
 
 STAFF = "hr.staff"
 STAFF_TYPES = {

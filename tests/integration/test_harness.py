@@ -11,18 +11,11 @@ import time
 
 import pytest
 
-from conftest import (
-    MOCK_PARTITION_BYTES,
-    OffsetMonitor,
-    PacedProducer,
-    assert_tables_match,
-    make_config,
-    primary_key,
-    column_types,
-    wait_applied,
-    wait_until,
-    watermarks,
-)
+from harness.common import wait_until
+from harness.daemon import make_config
+from harness.mockbroker import MOCK_PARTITION_BYTES, PacedProducer, watermarks
+from harness.progress import OffsetMonitor, wait_applied
+from harness.tables import assert_tables_match, column_types, primary_key
 
 
 def test_pg_server_settings(pg):
@@ -260,7 +253,7 @@ def test_paced_producer_loses_nothing(db, broker):
 
 
 def test_stream_partitions_match_generator(tmp_path, broker):
-    from conftest import generate, read_records, stream_partitions
+    from harness.events import generate, read_records, stream_partitions
 
     b = broker(partitions=4)
     produced = generate(tmp_path, seed=99, events=300, broker=b)
@@ -276,7 +269,7 @@ def test_kafka_broker_cluster_ids_are_never_read_as_options():
     that starts with "-" was taken by kafka-storage for an option, and the broker did not start
     (CI, 2026-12-06: "--cluster-id/-t: expected one argument"). 1,000 ids from the script's own
     function: with the old one, all 1,000 free of a leading "-" had a chance of 1 in 7 million."""
-    script = os.path.join(os.path.dirname(__file__), "..", "kafka", "kafka-broker")
+    script = os.path.join(os.path.dirname(__file__), "..", "harness", "kafka", "kafka-broker")
     r = subprocess.run(
         ["bash", "-c", 'source <(sed -n "/^random_uuid() {/,/^}/p" "$1") && '
          'for i in $(seq 1000); do random_uuid; echo; done', "bash", script],

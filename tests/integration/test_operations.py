@@ -18,31 +18,14 @@ from pathlib import Path
 import psycopg2
 import pytest
 
-from conftest import (
-    CES2PG,
-    ROOT,
-    PacedProducer,
-    Postgres,
-    assert_tables_match,
-    child_env,
-    dead_letters,
-    example_record,
-    free_port,
-    generate,
-    http_get,
-    make_config,
-    metric,
-    metric_sum,
-    parse_metrics,
-    produce_placed,
-    read_offsets,
-    read_records,
-    scrape,
-    stream_partitions,
-    wait_applied,
-    wait_until,
-    write_config,
-)
+from harness.common import CES2PG, ROOT, child_env, free_port, wait_until
+from harness.daemon import make_config, write_config
+from harness.events import example_record, generate, read_records, stream_partitions
+from harness.metrics import http_get, metric, metric_sum, parse_metrics, scrape
+from harness.mockbroker import PacedProducer, produce_placed
+from harness.postgres import Postgres
+from harness.progress import dead_letters, read_offsets, wait_applied
+from harness.tables import assert_tables_match
 
 GROUP = "ces2pg-test"
 
@@ -495,7 +478,7 @@ def test_tls_verify_full_with_password_file_and_env(
     rc, out, err = _run(["--check-config", "-c", cfg])
     assert rc == 0, err
     secret_free(out + err, PG_PASSWORD)
-    from conftest import Daemon
+    from harness.daemon import Daemon
     daemon = Daemon(cfg, tmp_path / "tls.log", tmp_path)
     try:
         monkeypatch.delenv("CES_TEST_PG_PORT")

@@ -9,16 +9,10 @@ keeps its row with the new reason, and an old event never overwrites a newer row
 import json
 import re
 
-from conftest import (
-    dead_letters,
-    make_config,
-    read_records,
-    generate,
-    produce_placed,
-    run_ces2pg,
-    wait_applied,
-    write_config,
-)
+from harness.daemon import make_config, run_ces2pg, write_config
+from harness.events import generate, read_records
+from harness.mockbroker import produce_placed
+from harness.progress import dead_letters, wait_applied
 from test_apply import ces_record, replay_records, text_query
 
 GROUP = "ces2pg-test"

@@ -25,21 +25,11 @@ import psycopg2
 import pytest
 from confluent_kafka import Producer
 
-from conftest import (
-    Background,
-    OffsetMonitor,
-    PacedProducer,
-    assert_tables_match,
-    dead_letters,
-    fetch_table,
-    generate,
-    produce_placed,
-    read_offsets,
-    read_records,
-    stream_partitions,
-    wait_applied,
-    wait_until,
-)
+from harness.common import Background, wait_until
+from harness.events import generate, read_records, stream_partitions
+from harness.mockbroker import PacedProducer, produce_placed
+from harness.progress import OffsetMonitor, dead_letters, read_offsets, wait_applied
+from harness.tables import assert_tables_match, fetch_table
 
 GROUP = "ces2pg-test"
 TOPIC = "ces"

@@ -8,17 +8,11 @@ and must never move backwards.
 
 import pytest
 
-from conftest import (
-    OffsetMonitor,
-    PacedProducer,
-    assert_tables_match,
-    dead_letters,
-    generate,
-    read_records,
-    stream_partitions,
-    wait_applied,
-    wait_until,
-)
+from harness.common import wait_until
+from harness.events import generate, read_records, stream_partitions
+from harness.mockbroker import PacedProducer
+from harness.progress import OffsetMonitor, dead_letters, wait_applied
+from harness.tables import assert_tables_match
 
 GROUP = "ces2pg-test"
 

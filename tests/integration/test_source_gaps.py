@@ -13,19 +13,11 @@ records at its stored position, as retention would.
 
 import re
 
-from conftest import (
-    dead_letters,
-    free_port,
-    generate,
-    read_offsets,
-    read_records,
-    scrape,
-    metric,
-    produce_placed,
-    wait_applied,
-    wait_until,
-    watermarks,
-)
+from harness.common import free_port, wait_until
+from harness.events import generate, read_records
+from harness.metrics import metric, scrape
+from harness.mockbroker import produce_placed, watermarks
+from harness.progress import dead_letters, read_offsets, wait_applied
 
 GROUP = "ces2pg-test"
 EX_SOURCE_GAP = 65

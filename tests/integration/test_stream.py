@@ -1,16 +1,10 @@
 """Generated streams through the mock broker end exactly as the generator
 predicts."""
 
-from conftest import (
-    OffsetMonitor,
-    PacedProducer,
-    assert_tables_match,
-    dead_letters,
-    generate,
-    read_records,
-    stream_partitions,
-    wait_applied,
-)
+from harness.events import generate, read_records, stream_partitions
+from harness.mockbroker import PacedProducer
+from harness.progress import OffsetMonitor, dead_letters, wait_applied
+from harness.tables import assert_tables_match
 
 GROUP = "ces2pg-test"
 

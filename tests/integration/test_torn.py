@@ -14,7 +14,8 @@ import time
 
 from confluent_kafka import Producer
 
-from conftest import metric, metric_sum, run_lagging_bank
+from harness.lagbank import run_lagging_bank
+from harness.metrics import metric, metric_sum
 
 GROUP = "ces2pg-test"
 TOPIC = "ces"

@@ -14,20 +14,11 @@ import re
 
 import pytest
 
-from conftest import (
-    PacedProducer,
-    produce_placed,
-    _quote_ident,
-    _split_table,
-    assert_tables_match,
-    dead_letters,
-    generate,
-    parse_replay_summary,
-    read_records,
-    run_replay,
-    wait_applied,
-    write_records,
-)
+from harness.daemon import parse_replay_summary, run_replay
+from harness.events import generate, read_records, write_records
+from harness.mockbroker import PacedProducer, produce_placed
+from harness.progress import dead_letters, wait_applied
+from harness.tables import assert_tables_match, quote_ident, split_table
 
 GROUP = "ces2pg-test"
 GEN_ARGS = ["--pk-changes", "--reuse-deleted-keys"]
@@ -173,8 +164,8 @@ def spoil_rows(db, expect):
                      if c not in spec["key"] and ("char" in t or t == "text")]
             assert texts, f"{qualified} has no text column to spoil"
             sets = ", ".join(f'"{c}" = \'spoilt\'' for c in texts)
-            schema, table = _split_table(qualified)
-            cur.execute(f"UPDATE {_quote_ident(schema)}.{_quote_ident(table)} "
+            schema, table = split_table(qualified)
+            cur.execute(f"UPDATE {quote_ident(schema)}.{quote_ident(table)} "
                         f"SET _ces_lsn = 0, {sets}")
             assert cur.rowcount == len(spec["rows"])
         conn.commit()

@@ -5,7 +5,9 @@ without waiting for the group's session timeout."""
 
 import time
 
-from conftest import generate, read_offsets, read_records, wait_until
+from harness.common import wait_until
+from harness.events import generate, read_records
+from harness.progress import read_offsets
 
 GROUP = "ces2pg-test"
 # Microsoft's session.timeout.ms for Event Hubs, which Event Hubs mode sets: without static

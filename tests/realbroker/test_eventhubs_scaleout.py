@@ -10,16 +10,11 @@ import zlib
 
 import pytest
 
-from conftest import (
-    DAEMON_PROPERTIES,
-    OffsetMonitor,
-    assert_tables_match,
-    dead_letters,
-    generate,
-    read_records,
-    wait_applied,
-    wait_until,
-)
+from harness.common import wait_until
+from harness.events import generate, read_records
+from harness.progress import OffsetMonitor, dead_letters, wait_applied
+from harness.realkafka import DAEMON_PROPERTIES
+from harness.tables import assert_tables_match
 
 GROUP = "ces2pg-scaleout"
 PARTITIONS = 6

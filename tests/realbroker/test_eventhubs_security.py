@@ -5,16 +5,12 @@ connection string never shows in a log or in --check-config."""
 import re
 from pathlib import Path
 
-from conftest import (
-    CES2PG,
-    assert_tables_match,
-    eventhubs_kafka_lines,
-    generate,
-    make_config,
-    run_ces2pg,
-    wait_applied,
-    write_config,
-)
+from harness.common import CES2PG
+from harness.daemon import make_config, run_ces2pg, write_config
+from harness.events import generate
+from harness.progress import wait_applied
+from harness.realkafka import eventhubs_kafka_lines
+from harness.tables import assert_tables_match
 
 GROUP = "ces2pg-test"
 # ces2pg's exit status for a fatal error other than configuration.

@@ -4,16 +4,11 @@ and the connection string's key never reaches the output."""
 
 import json
 
-from conftest import (
-    eventhubs_kafka_lines,
-    generate,
-    make_config,
-    read_offsets,
-    read_records,
-    run_ces2pg,
-    wait_until,
-    write_config,
-)
+from harness.common import wait_until
+from harness.daemon import make_config, run_ces2pg, write_config
+from harness.events import generate, read_records
+from harness.progress import read_offsets
+from harness.realkafka import eventhubs_kafka_lines
 
 GROUP = "ces2pg-status"
 

@@ -7,15 +7,10 @@ import json
 
 import pytest
 
-from conftest import (
-    OffsetMonitor,
-    assert_tables_match,
-    dead_letters,
-    generate,
-    read_records,
-    wait_applied,
-    wait_until,
-)
+from harness.common import wait_until
+from harness.events import generate, read_records
+from harness.progress import OffsetMonitor, dead_letters, wait_applied
+from harness.tables import assert_tables_match
 
 GROUP = "ces2pg-test"
 

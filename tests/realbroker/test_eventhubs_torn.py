@@ -2,7 +2,8 @@
 adaptive reorder window stops tearing transactions once it has seen how late
 a partition's events come (tests/integration/test_torn.py has the rest)."""
 
-from conftest import metric, metric_sum, run_lagging_bank
+from harness.lagbank import run_lagging_bank
+from harness.metrics import metric, metric_sum
 
 GROUP = "ces2pg-test"
 

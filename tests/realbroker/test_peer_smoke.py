@@ -10,14 +10,10 @@ import time
 
 import pytest
 
-from conftest import (
-    ROOT,
-    assert_tables_match,
-    dead_letters,
-    generate,
-    wait_applied,
-    wait_until,
-)
+from harness.common import ROOT, wait_until
+from harness.events import generate
+from harness.progress import dead_letters, wait_applied
+from harness.tables import assert_tables_match
 
 PARTITIONS = 2
 
