@@ -4,11 +4,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "conf/secret.h"
 #include "input/kafkaconf.h"
 #include "input/kafkaerr.h"
 #include "input/nudger.h"
+#include "util/clock.h"
 #include "util/log.h"
 
 struct ces_consumer_s {
@@ -402,23 +404,39 @@ void ces_consumer_store_offset(ces_consumer_t *c, const char *topic, int32_t par
     rd_kafka_topic_partition_list_destroy(l);
 }
 
+/* How long a seek may take to be placed, by ces2pg's clock. librdkafka before 2.1 waited for the
+ * answer to a seek in the wrong unit (its pull request 4230), far shorter than it was asked to, so
+ * a seek its broker thread answers a few milliseconds late (a busy machine, a broker reconnecting)
+ * reports a timeout while it goes on; ending the daemon for that turned a busy moment into a
+ * restart. Such a seek is placed again (the same offset: harmless) until this long has passed. */
+#define SEEK_MS 10000
+#define SEEK_TRY_MS 1000
+#define SEEK_PAUSE_NS (50 * 1000 * 1000)
+
 int ces_consumer_seek(ces_consumer_t *c, const char *topic, int32_t partition, int64_t offset) {
+    int64_t deadline = ces_clock_now_ms() + SEEK_MS;
+    rd_kafka_resp_err_t err;
+    const char *why;
     rd_kafka_topic_partition_list_t *l = rd_kafka_topic_partition_list_new(1);
-    rd_kafka_topic_partition_list_add(l, topic, partition)->offset = offset;
-    rd_kafka_error_t *error = rd_kafka_seek_partitions(c->rk, l, 5000);
-    int rc = 0;
-    if (error != NULL) {
-        ces_log_error("kafka: seeking %s[%d] to %lld: %s", topic, (int)partition,
-                      (long long)offset, rd_kafka_error_string(error));
-        rd_kafka_error_destroy(error);
-        rc = -1;
-    } else if (l->elems[0].err != RD_KAFKA_RESP_ERR_NO_ERROR) {
-        ces_log_error("kafka: seeking %s[%d] to %lld: %s", topic, (int)partition,
-                      (long long)offset, rd_kafka_err2str(l->elems[0].err));
-        rc = -1;
-    }
+    rd_kafka_topic_partition_t *tp = rd_kafka_topic_partition_list_add(l, topic, partition);
+    do {
+        tp->offset = offset;
+        tp->err = RD_KAFKA_RESP_ERR_NO_ERROR;
+        rd_kafka_error_t *error = rd_kafka_seek_partitions(c->rk, l, SEEK_TRY_MS);
+        err = error != NULL ? rd_kafka_error_code(error) : tp->err;
+        why = error != NULL ? rd_kafka_err2str(err) : rd_kafka_err2str(tp->err);
+        if (error != NULL)
+            rd_kafka_error_destroy(error);
+        if (err != RD_KAFKA_RESP_ERR__TIMED_OUT)
+            break;
+        nanosleep(&(struct timespec){.tv_nsec = SEEK_PAUSE_NS}, NULL);
+    } while (ces_clock_now_ms() < deadline);
     rd_kafka_topic_partition_list_destroy(l);
-    return rc;
+    if (err == RD_KAFKA_RESP_ERR_NO_ERROR)
+        return 0;
+    ces_log_error("kafka: seeking %s[%d] to %lld: %s", topic, (int)partition, (long long)offset,
+                  why);
+    return -1;
 }
 
 int ces_consumer_pause(ces_consumer_t *c, const char *topic, int32_t partition, bool pause) {
