@@ -100,3 +100,40 @@ class Background:
             self.run()
         except BaseException as e:  # reported by stop()
             self.error = e
+
+
+def produce_all(producer, topic, values, partitions=None, key=None):
+    """Produces values (bytes or str) in order with a confluent_kafka
+    Producer, values[i] to partitions[i] when partitions is given (else where
+    the partitioner puts it), and waits for every delivery. Returns
+    (partition, offset) per value, in input order."""
+    placed = [None] * len(values)
+    errors = []
+
+    def on_delivery(index):
+        def cb(err, msg):
+            if err is not None:
+                errors.append((index, err))
+            else:
+                placed[index] = (msg.partition(), msg.offset())
+        return cb
+
+    for i, value in enumerate(values):
+        kw = {"value": value.encode() if isinstance(value, str) else value,
+              "on_delivery": on_delivery(i)}
+        if partitions is not None:
+            kw["partition"] = partitions[i]
+        if key is not None:
+            kw["key"] = key
+        while True:
+            try:
+                producer.produce(topic, **kw)
+                break
+            except BufferError:  # local queue full: let it drain
+                producer.poll(0.1)
+        producer.poll(0)
+    left = producer.flush(60)
+    assert left == 0, f"{left} message(s) not delivered within 60s"
+    assert not errors, f"delivery errors: {errors[:5]}"
+    assert all(r is not None for r in placed), "missing delivery reports"
+    return placed

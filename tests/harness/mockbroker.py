@@ -14,7 +14,7 @@ from pathlib import Path
 
 import psycopg2
 
-from harness.common import MOCK_BROKER, child_env, require_binary
+from harness.common import MOCK_BROKER, child_env, produce_all, require_binary
 from harness.progress import read_offsets_conn
 from harness.reports import attach_log, tail_text
 
@@ -90,38 +90,8 @@ class Broker:
 
         Returns a list of (partition, offset) per value, in input order.
         """
-        producer = self.producer()
-        results = [None] * len(values)
-        errors = []
-
-        def on_delivery(index):
-            def cb(err, msg):
-                if err is not None:
-                    errors.append((index, err))
-                else:
-                    results[index] = (msg.partition(), msg.offset())
-            return cb
-
-        for i, value in enumerate(values):
-            if isinstance(value, str):
-                value = value.encode()
-            kw = {"value": value, "on_delivery": on_delivery(i)}
-            if partition is not None:
-                kw["partition"] = partition
-            if key is not None:
-                kw["key"] = key
-            while True:
-                try:
-                    producer.produce(topic, **kw)
-                    break
-                except BufferError:  # local queue full: let it drain
-                    producer.poll(0.1)
-            producer.poll(0)
-        left = producer.flush(60)
-        assert left == 0, f"{left} message(s) not delivered within 60s"
-        assert not errors, f"delivery errors: {errors[:5]}"
-        assert all(r is not None for r in results), "missing delivery reports"
-        return results
+        parts = None if partition is None else [partition] * len(values)
+        return produce_all(self.producer(), topic, values, parts, key)
 
     def consume(self, topic, count, group="harness-selftest", timeout=30):
         """Consumes count values from topic with a group consumer."""
@@ -216,23 +186,7 @@ def produce_placed(broker, topic, records, partitions, producer_config=None):
                              **producer_config})
     else:
         producer = broker.producer()
-    errors = []
-
-    def cb(err, msg):
-        if err is not None:
-            errors.append(err)
-
-    for rec, p in zip(records, partitions):
-        while True:
-            try:
-                producer.produce(topic, value=rec, partition=p, on_delivery=cb)
-                break
-            except BufferError:  # local queue full: let it drain
-                producer.poll(0.1)
-        producer.poll(0)
-    left = producer.flush(60)
-    assert left == 0, f"{left} message(s) not delivered within 60s"
-    assert not errors, f"delivery errors: {errors[:5]}"
+    produce_all(producer, topic, records, partitions)
     return counts
 
 

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
-from harness.common import wait_until
+from harness.common import produce_all, wait_until
 from harness.daemon import cfg_str
 from harness.reports import tail_text
 
@@ -163,31 +163,7 @@ class RealKafka:
     def produce(self, topic, values, partitions):
         """Produces values (bytes) to the given partitions in order; waits
         for delivery. Returns (partition, offset) per value."""
-        producer = self.producer()
-        placed = [None] * len(values)
-        errors = []
-
-        def on_delivery(index):
-            def cb(err, msg):
-                if err is not None:
-                    errors.append((index, err))
-                else:
-                    placed[index] = (msg.partition(), msg.offset())
-            return cb
-
-        for i, (value, p) in enumerate(zip(values, partitions)):
-            while True:
-                try:
-                    producer.produce(topic, value=value, partition=p,
-                                     on_delivery=on_delivery(i))
-                    break
-                except BufferError:
-                    producer.poll(0.1)
-            producer.poll(0)
-        left = producer.flush(60)
-        assert left == 0, f"{left} record(s) not delivered"
-        assert not errors, errors[:5]
-        return placed
+        return produce_all(self.producer(), topic, values, partitions)
 
     def as_generator_target(self, topic, partitions):
         """What harness.events.generate() expects as its broker argument."""
