@@ -46,7 +46,7 @@ static size_t decode_threads(const ces_config_t *c) {
     return threads < 1 ? 1 : threads > 4 ? 4 : (size_t)threads;
 }
 
-void ces_daemon_pipeline_options(const ces_config_t *c, bool store_offsets,
+void ces_daemon_pipeline_options(const ces_config_t *c, bool store_positions,
                                  ces_pipeline_options_t *o) {
     memset(o, 0, sizeof(*o));
     o->decode_threads = decode_threads(c);
@@ -55,7 +55,7 @@ void ces_daemon_pipeline_options(const ces_config_t *c, bool store_offsets,
     o->batch_max_events = (size_t)c->apply_batch_max_events;
     o->batch_max_bytes = (size_t)c->apply_batch_max_bytes;
     o->batch_max_ms = c->apply_batch_max_ms;
-    o->store_offsets = store_offsets;
+    o->store_positions = store_positions;
     o->reasm.max_bytes = (size_t)c->reassembly_max_bytes;
     o->reasm.max_segments = (size_t)c->reassembly_max_segments;
     o->reasm.timeout_ms = c->reassembly_timeout_ms;

@@ -35,9 +35,9 @@ typedef struct {
 /* The decoder's limits from the decode.* keys. */
 void ces_daemon_decode_limits(const ces_config_t *config, ces_decode_limits_t *limits);
 
-/* The pipeline's options from the configuration; store_offsets is false where positions are not
+/* The pipeline's options from the configuration; store_positions is false where positions are not
  * stored (replay, retry). The options refer to config's lists: config must outlive them. */
-void ces_daemon_pipeline_options(const ces_config_t *config, bool store_offsets,
+void ces_daemon_pipeline_options(const ces_config_t *config, bool store_positions,
                                  ces_pipeline_options_t *options);
 
 /* A new apply stage from the postgres.*, schema.* and apply.* keys; its retries give up when

@@ -146,7 +146,7 @@ ces_apply_status_t ces_apply_start(ces_apply_t *a, char *errstr, size_t errstr_s
     return ensure_connected(a, errstr, errstr_size);
 }
 
-ces_apply_status_t ces_apply_read_offsets(ces_apply_t *a, const char *topic,
+ces_apply_status_t ces_apply_read_positions(ces_apply_t *a, const char *topic,
                                           const int32_t *partitions, size_t n, int64_t *offsets,
                                           char *errstr, size_t errstr_size) {
     for (size_t i = 0; i < n; i++)
@@ -353,7 +353,7 @@ typedef struct {
 static int read_one_position(void *opaque, const char *topic, int32_t partition,
                              int64_t *stored) {
     char err[256];
-    return ces_apply_read_offsets(opaque, topic, &partition, 1, stored, err, sizeof(err)) ==
+    return ces_apply_read_positions(opaque, topic, &partition, 1, stored, err, sizeof(err)) ==
                    CES_APPLY_OK
                ? 0
                : -1;

@@ -71,7 +71,7 @@ ces_apply_status_t ces_apply_start(ces_apply_t *apply, char *errstr, size_t errs
  * Reads the stored next offsets of topic's partitions[0..n) into offsets[0..n); -1 where PostgreSQL
  * has none.
  */
-ces_apply_status_t ces_apply_read_offsets(ces_apply_t *apply, const char *topic,
+ces_apply_status_t ces_apply_read_positions(ces_apply_t *apply, const char *topic,
                                           const int32_t *partitions, size_t n, int64_t *offsets,
                                           char *errstr, size_t errstr_size)
     __attribute__((warn_unused_result));

@@ -140,7 +140,7 @@ static ces_pipeline_status_t flush(ces_pipeline_t *p, bool async, char *errstr,
         return pst;
     /* Inside a streamed transaction nothing is committed, so no position is stored, until its end. */
     bool commit = !p->stream.open || p->stream.complete;
-    if (p->options.store_offsets && commit) {
+    if (p->options.store_positions && commit) {
         int failed = 0;
         ces_partitions_iter_t it = {0};
         ces_partition_t *part;
@@ -209,7 +209,7 @@ ces_pipeline_status_t ces_flight_begin_stream(ces_pipeline_t *p, ces_lsn_t lsn, 
 static int rewind_partition(ces_pipeline_t *p, ces_partition_t *part, ces_apply_status_t *status,
                             char *errstr, size_t errstr_size) {
     int64_t stored;
-    *status = ces_apply_read_offsets(p->apply, part->topic, &part->partition, 1, &stored, errstr,
+    *status = ces_apply_read_positions(p->apply, part->topic, &part->partition, 1, &stored, errstr,
                                      errstr_size);
     if (*status != CES_APPLY_OK)
         return -1;

@@ -254,7 +254,7 @@ static ces_pipeline_status_t note_read(ces_pipeline_t *p, const ces_record_t *re
         if (st != CES_PIPELINE_OK)
             return st;
     }
-    if (!p->options.store_offsets)
+    if (!p->options.store_positions)
         part->assigned = true; /* a replayed file is a partition of its own */
     ces_positions_on_read(&part->pos, rec->offset);
     part->at_eof = false;

@@ -43,7 +43,7 @@ typedef struct {
     size_t batch_max_bytes; /* of the events' memory (arenas): a batch is full at either limit */
     int64_t batch_max_ms;
     int poll_ms;        /* the longest wait for a record when nothing else is due */
-    bool store_offsets; /* false for replay: positions of files are not stored */
+    bool store_positions; /* false for replay: positions of files are not stored */
     bool stop_on_source_gap; /* kafka.on_source_gap = "stop": a gap stops the loop */
     bool retry_dead_letters; /* the records are dead letters being retried (offset: the row's id) */
     ces_reasm_limits_t reasm;

@@ -46,7 +46,7 @@ int ces_pipeline_on_assigned(void *opaque, const char *topic, const int32_t *par
         return -1;
     }
     if (p->apply != NULL && /* NULL only in unit tests of the ordering rules */
-        ces_apply_read_offsets(p->apply, topic, partitions, n, offsets, err, sizeof(err)) !=
+        ces_apply_read_positions(p->apply, topic, partitions, n, offsets, err, sizeof(err)) !=
             CES_APPLY_OK) {
         ces_log_error("reading stored positions of topic %s: %s", topic, err);
         return -1;

@@ -211,7 +211,7 @@ static void stage_room_follows_the_batch(void **state) {
     ces_pipeline_options_t o = {
         .batch_max_events = 10,
         .batch_max_ms = 100,
-        .store_offsets = true,
+        .store_positions = true,
         .reasm = {1 << 20, 100, 5000},
         .ordering = CES_ORDER_BY_PARTITION,
         .dedup_window = 100,

@@ -41,7 +41,7 @@ static inline ces_pipeline_options_t options_with(size_t batch_max_bytes, ces_or
         .batch_max_events = 1000,
         .batch_max_bytes = batch_max_bytes,
         .batch_max_ms = 100,
-        .store_offsets = true,
+        .store_positions = true,
         .reasm = {1 << 20, 100, 5000},
         .ordering = ordering,
         .reorder_window_ms = WINDOW,

@@ -54,7 +54,7 @@ static void revocation_drops_only_the_revoked_partitions_work(void **state) {
     ces_pipeline_options_t o = {
         .batch_max_events = 1000,
         .batch_max_ms = 100,
-        .store_offsets = false, /* no PostgreSQL here: nothing to commit at the revocation */
+        .store_positions = false, /* no PostgreSQL here: nothing to commit at the revocation */
         .reasm = {1 << 20, 100, 5000},
         .ordering = CES_ORDER_BY_TRANSACTION,
         .reorder_window_ms = WINDOW,
