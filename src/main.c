@@ -35,6 +35,15 @@
 /* replay --capture: Capture files that could not be read to their end (the rest was applied). */
 #define EXIT_CAPTURE_UNREAD 65
 
+/* "ces2pg: WHAT: MESSAGE" (WHAT NULL: "ces2pg: MESSAGE") on stderr, the message escaped
+ * (util/log.h): the pipeline's and PostgreSQL's errors quote names from events and run over
+ * lines. */
+static void print_error(const char *what, const char *message) {
+    fprintf(stderr, "ces2pg: %s%s", what != NULL ? what : "", what != NULL ? ": " : "");
+    ces_log_escape_put(stderr, message);
+    fputc('\n', stderr);
+}
+
 static volatile sig_atomic_t stop_requested = 0;
 static volatile sig_atomic_t reload_requested = 0;
 
@@ -190,7 +199,7 @@ static int run_feed(const ces_config_t *config, ces_feed_t *feed, bool retrying,
     }
     ces_apply_status_t ast = ces_apply_start(apply, err, sizeof(err));
     if (ast != CES_APPLY_OK) {
-        fprintf(stderr, "ces2pg: %s\n", err);
+        print_error(NULL, err);
         rc = ast == CES_APPLY_INTERRUPTED ? 0 : 1;
         goto done;
     }
@@ -214,7 +223,7 @@ static int run_feed(const ces_config_t *config, ces_feed_t *feed, bool retrying,
         break;
     case CES_PIPELINE_FATAL:
     case CES_PIPELINE_SOURCE_GAP: /* no stored positions here: never */
-        fprintf(stderr, "ces2pg: %s: %s\n", name, err);
+        print_error(name, err);
         rc = 1;
         break;
     }
@@ -236,7 +245,7 @@ static int run_capture(const ces_config_t *config, char *const *paths, size_t np
     char err[1024];
     ces_capture_t *capture = ces_capture_new(paths, npaths, &o, err, sizeof(err));
     if (capture == NULL) {
-        fprintf(stderr, "ces2pg: %s\n", err);
+        print_error(NULL, err);
         return 1;
     }
     ces_feed_t feed;
@@ -433,7 +442,7 @@ static int retry_dead_letters(const ces_config_t *config, ces_inspect_t *inspect
     }
 done:
     if (err[0] != '\0') {
-        fprintf(stderr, "ces2pg: dead-letters retry: %s\n", err);
+        print_error("dead-letters retry", err);
         rc = 1;
     }
     ces_retry_feed_destroy(retry);
@@ -467,7 +476,7 @@ static int run_dead_letters(int argc, char **argv) {
     ces_inspect_t *inspect = ces_inspect_open(&io, err, sizeof(err));
     rc = 1;
     if (inspect == NULL) {
-        fprintf(stderr, "ces2pg: dead-letters: %s\n", err);
+        print_error("dead-letters", err);
     } else if (retry) {
         rc = retry_dead_letters(config, inspect, &o, operands, noperands);
     } else if (show) {
@@ -477,13 +486,16 @@ static int run_dead_letters(int argc, char **argv) {
         if (found == 1)
             fprintf(stderr, "ces2pg: no dead letter has id %lld\n", (long long)id);
         else if (found == -1)
-            fprintf(stderr, "ces2pg: dead-letters show: %s\n", err);
+            print_error("dead-letters show", err);
     } else {
         int done = list ? ces_admin_list(inspect, o.class, o.table, o.json, stdout, err, sizeof(err))
                         : ces_admin_purge(inspect, o.before, stdout, err, sizeof(err));
         rc = done == 0 ? 0 : 1;
-        if (done != 0)
-            fprintf(stderr, "ces2pg: dead-letters %s: %s\n", action, err);
+        if (done != 0) {
+            char what[32];
+            snprintf(what, sizeof(what), "dead-letters %s", action);
+            print_error(what, err);
+        }
     }
     ces_inspect_close(inspect);
     ces_config_destroy(config);

@@ -54,6 +54,26 @@ static void json_flush(yajl_gen g, FILE *out) {
 }
 
 /* ---------------------------------------------------------------------------------------------- */
+/* Text output                                                                                    */
+
+/* Text for a terminal: escaped (util/log.h) in buf, cut to fit; "-" for NULL. Names, reasons and
+ * messages come from events, PostgreSQL and the brokers: none may move the cursor or end a line. */
+static const char *safe(char *buf, size_t size, const char *text) {
+    if (text == NULL)
+        return "-";
+    ces_log_escape(buf, size, text, strlen(text));
+    return buf;
+}
+
+/* "ces2pg: WHAT: MESSAGE" on err, the message (libpq's or librdkafka's, often over several
+ * lines) escaped, however long. */
+static void say_error(FILE *err, const char *what, const char *message) {
+    fprintf(err, "ces2pg: %s: ", what);
+    ces_log_escape_put(err, message);
+    fputc('\n', err);
+}
+
+/* ---------------------------------------------------------------------------------------------- */
 /* dead-letters list, show, purge                                                                 */
 
 typedef struct {
@@ -83,9 +103,11 @@ static void list_row(void *arg, const ces_dead_letter_row_t *dl) {
         yajl_gen_map_close(l->g);
         return;
     }
-    fprintf(l->out, "%-8lld %-29.29s %-20s %s[%d]@%lld %s: %.200s\n", (long long)dl->id,
-            dl->created_at, dl->class ? dl->class : "-", dl->topic, (int)dl->partition,
-            (long long)dl->offset, dl->source_table ? dl->source_table : "-", dl->reason);
+    char created[128], class[128], topic[1024], table[1024], reason[201];
+    fprintf(l->out, "%-8lld %-29.29s %-20s %s[%d]@%lld %s: %s\n", (long long)dl->id,
+            safe(created, sizeof(created), dl->created_at), safe(class, sizeof(class), dl->class),
+            safe(topic, sizeof(topic), dl->topic), (int)dl->partition, (long long)dl->offset,
+            safe(table, sizeof(table), dl->source_table), safe(reason, sizeof(reason), dl->reason));
 }
 
 int ces_admin_list(ces_inspect_t *inspect, const char *class, const char *table, bool json,
@@ -126,9 +148,39 @@ typedef struct {
     bool failed; /* out of memory */
 } show_t;
 
+/* "label:        value", the value escaped; absent: none. */
+static void show_field(FILE *out, const char *label, const char *value, const char *none) {
+    fprintf(out, "%-14s", label);
+    ces_log_escape_put(out, value != NULL ? value : none);
+    fputc('\n', out);
+}
+
+static void show_text(FILE *out, const ces_dead_letter_row_t *dl, bool text, const char *b64) {
+    char record[1024];
+    fprintf(out, "id:           %lld\n", (long long)dl->id);
+    show_field(out, "created at:", dl->created_at, "-");
+    show_field(out, "class:", dl->class, "-");
+    show_field(out, "source table:", dl->source_table, "-");
+    fprintf(out, "record:       %s[%d]@%lld\n", safe(record, sizeof(record), dl->topic),
+            (int)dl->partition, (long long)dl->offset);
+    show_field(out, "logicalid:", dl->logicalid, "-");
+    show_field(out, "retried at:", dl->retried_at, "never");
+    show_field(out, "reason:", dl->reason, "-");
+    fprintf(out, "payload:      %zu bytes, %s (one line, as `ces2pg replay` reads it):\n",
+            dl->payload_len, text ? "text" : "base64");
+    if (text)
+        fwrite(dl->payload, 1, dl->payload_len, out);
+    else
+        fputs(b64, out);
+    fputc('\n', out);
+}
+
 static void show_row(void *arg, const ces_dead_letter_row_t *dl) {
     show_t *s = arg;
-    bool text = one_line_text(dl->payload, dl->payload_len);
+    /* For a terminal, only text with nothing to escape is shown as it is: escaped, it would no
+     * longer be the record replay reads, and base64 is. */
+    bool text = one_line_text(dl->payload, dl->payload_len) &&
+                (s->json || ces_log_is_plain((const char *)dl->payload, dl->payload_len));
     char *b64 = text ? NULL : ces_base64_encode(dl->payload, dl->payload_len);
     if (!text && b64 == NULL) {
         s->failed = true;
@@ -150,21 +202,7 @@ static void show_row(void *arg, const ces_dead_letter_row_t *dl) {
         yajl_gen_map_close(g);
         json_flush(g, s->out);
     } else {
-        fprintf(s->out,
-                "id:           %lld\ncreated at:   %s\nclass:        %s\nsource table: %s\n"
-                "record:       %s[%d]@%lld\nlogicalid:    %s\nretried at:   %s\n"
-                "reason:       %s\n"
-                "payload:      %zu bytes, %s (one line, as `ces2pg replay` reads it):\n",
-                (long long)dl->id, dl->created_at, dl->class ? dl->class : "-",
-                dl->source_table ? dl->source_table : "-", dl->topic, (int)dl->partition,
-                (long long)dl->offset, dl->logicalid ? dl->logicalid : "-",
-                dl->retried_at ? dl->retried_at : "never", dl->reason,
-                dl->payload_len, text ? "text" : "base64");
-        if (text)
-            fwrite(dl->payload, 1, dl->payload_len, s->out);
-        else
-            fputs(b64, s->out);
-        fputc('\n', s->out);
+        show_text(s->out, dl, text, b64);
     }
     free(b64);
 }
@@ -456,16 +494,20 @@ static const char *health_name(ces_admin_health_t h) {
 static void print_status_text(const status_t *s, int members, const char *state,
                               const char *group, ces_admin_health_t h, const char *why,
                               FILE *out) {
+    char a[1024], b[1024], c[256]; /* escaped texts (safe) */
     if (members >= 0)
-        fprintf(out, "group %s: %d member(s), state %s\n", group, members, state);
+        fprintf(out, "group %s: %d member(s), state %s\n", safe(a, sizeof(a), group), members,
+                safe(c, sizeof(c), state));
     else
-        fprintf(out, "group %s: members unknown (the brokers did not say)\n", group);
+        fprintf(out, "group %s: members unknown (the brokers did not say)\n",
+                safe(a, sizeof(a), group));
     fprintf(out, "%-32s %12s %12s %10s  %s\n", "PARTITION", "STORED", "HIGH", "LAG",
             "STORED AT");
     for (size_t i = 0; i < s->nparts; i++) {
         const part_status_t *p = &s->parts[i];
         char name[300], stored[24] = "-", high[24] = "?", lag[24] = "?";
-        snprintf(name, sizeof(name), "%s[%d]", p->topic, (int)p->partition);
+        snprintf(name, sizeof(name), "%s[%d]", safe(a, sizeof(a) / 4, p->topic),
+                 (int)p->partition);
         if (p->stored >= 0)
             snprintf(stored, sizeof(stored), "%lld", (long long)p->stored);
         if (p->high >= 0)
@@ -473,28 +515,30 @@ static void print_status_text(const status_t *s, int members, const char *state,
         if (lag_of(p) >= 0)
             snprintf(lag, sizeof(lag), "%lld", (long long)lag_of(p));
         fprintf(out, "%-32s %12s %12s %10s  %s\n", name, stored, high, lag,
-                p->updated_at ? p->updated_at : "-");
+                safe(c, sizeof(c), p->updated_at));
     }
     if (s->progress_found)
         fprintf(out, "last commit applied: LSN %s, committed at the source %s, %.1f s ago\n",
-                s->last_commit_lsn ? s->last_commit_lsn : "?",
-                s->last_commit_time ? s->last_commit_time : "?", s->since_update_s);
+                s->last_commit_lsn ? safe(a, sizeof(a), s->last_commit_lsn) : "?",
+                s->last_commit_time ? safe(b, sizeof(b), s->last_commit_time) : "?",
+                s->since_update_s);
     else
         fprintf(out, "last commit applied: none yet\n");
     if (s->window_ms >= 0)
         fprintf(out, "reorder window: %lld ms (as of the last commit)\n", (long long)s->window_ms);
     fprintf(out, "dead letters: %lld", (long long)s->dead_letters);
     for (size_t i = 0; i < s->ndls; i++)
-        fprintf(out, "%s %s %lld (newest %s)", i ? "," : ":", s->dls[i].class,
-                (long long)s->dls[i].count, s->dls[i].newest);
+        fprintf(out, "%s %s %lld (newest %s)", i ? "," : ":", safe(a, sizeof(a), s->dls[i].class),
+                (long long)s->dls[i].count, safe(b, sizeof(b), s->dls[i].newest));
     fprintf(out, "\nsource gaps: %zu\n", s->ngaps);
     for (size_t i = 0; i < s->ngaps; i++) {
         const ces_gap_row_t *g = &s->gaps[i];
         fprintf(out, "  %s %s[%d]: stored %lld, resumed at %lld, %lld record(s) skipped\n",
-                g->recorded_at, g->topic, (int)g->partition, (long long)g->stored_position,
+                safe(c, sizeof(c), g->recorded_at), safe(a, sizeof(a), g->topic),
+                (int)g->partition, (long long)g->stored_position,
                 (long long)g->resumed_at, (long long)g->skipped_records);
     }
-    fprintf(out, "health: %s: %s\n", health_name(h), why);
+    fprintf(out, "health: %s: %s\n", health_name(h), safe(a, sizeof(a), why));
 }
 
 static void print_status_json(const status_t *s, int members, const char *state,
@@ -570,18 +614,18 @@ ces_admin_health_t ces_admin_status(const ces_config_t *config,
                                 config->apply_version_column, config->kafka_group_id};
     ces_inspect_t *inspect = ces_inspect_open(&io, errstr, sizeof(errstr));
     if (inspect == NULL) {
-        fprintf(err, "ces2pg: status: %s\n", errstr);
+        say_error(err, "status", errstr);
         goto done;
     }
     if (ces_consumer_inspect(config, status_partition, &s, &members, state, sizeof(state), errstr,
                              sizeof(errstr)) != CES_CONSUMER_OK) {
-        fprintf(err, "ces2pg: status: %s\n", errstr);
+        say_error(err, "status", errstr);
         goto done;
     }
     ces_inspect_status_fns_t fns = {status_position, status_progress, status_dead_letters,
                                     status_gap, &s};
     if (ces_inspect_status(inspect, &fns, errstr, sizeof(errstr)) != 0) {
-        fprintf(err, "ces2pg: status: %s\n", errstr);
+        say_error(err, "status", errstr);
         goto done;
     }
     if (s.nomem) {
@@ -614,31 +658,36 @@ typedef struct {
 static void adopt_one(adopting_t *ad, const char *schema, const char *table, bool listed) {
     long long marked;
     bool kept_higher;
-    char err[1024], lsn[23];
+    char err[1024], lsn[23], raw[1024], name[1024];
     ces_lsn_format(ad->lsn, lsn);
+    /* Target names come from events: escaped, like everything ces2pg prints for a terminal. */
+    snprintf(raw, sizeof(raw), "%s.%s", schema, table);
+    safe(name, sizeof(name), raw);
     ad->tables++;
     switch (ces_adopt_table(ad->adopt, schema, table, ad->lsn, &marked, &kept_higher, err,
                             sizeof(err))) {
     case CES_ADOPT_OK:
         ad->adopted++;
         ad->rows += marked;
-        fprintf(ad->out, "adopt: %s.%s: %lld rows marked with the version of %s%s\n", schema,
-                table, marked, lsn,
+        fprintf(ad->out, "adopt: %s: %lld rows marked with the version of %s%s\n", name, marked,
+                lsn,
                 kept_higher ? " (an earlier adoption at a later LSN keeps its trigger)" : "");
         break;
     case CES_ADOPT_NO_PRIMARY_KEY:
         ad->without_key++;
         ad->failed += !listed; /* asked for by name: an error; found by --all: reported */
-        fprintf(listed ? ad->out : ad->err, "adopt: %s.%s: no primary key: not adopted (ces2pg "
-                "applies changes by key; its events become dead letters)\n", schema, table);
+        fprintf(listed ? ad->out : ad->err, "adopt: %s: no primary key: not adopted (ces2pg "
+                "applies changes by key; its events become dead letters)\n", name);
         break;
     case CES_ADOPT_NO_TABLE:
         ad->failed++;
-        fprintf(ad->err, "ces2pg: adopt: %s.%s: no such table\n", schema, table);
+        fprintf(ad->err, "ces2pg: adopt: %s: no such table\n", name);
         break;
     case CES_ADOPT_FAILED:
         ad->failed++;
-        fprintf(ad->err, "ces2pg: adopt: %s.%s: %s (nothing of it changed)\n", schema, table, err);
+        fprintf(ad->err, "ces2pg: adopt: %s: ", name);
+        ces_log_escape_put(ad->err, err);
+        fputs(" (nothing of it changed)\n", ad->err);
         break;
     }
 }
@@ -668,7 +717,9 @@ static void adopt_named(adopting_t *ad, const char *name, bool preserve_case) {
         adopt_one(ad, fs, ft, false);
     } else {
         ad->failed++;
-        fprintf(ad->err, "ces2pg: adopt: '%s' is not SCHEMA.TABLE\n", name);
+        char shown[1024];
+        fprintf(ad->err, "ces2pg: adopt: '%s' is not SCHEMA.TABLE\n",
+                safe(shown, sizeof(shown), name));
     }
     free(schema);
     free(fs);
@@ -682,7 +733,7 @@ int ces_admin_adopt(const ces_config_t *config, char *const *tables, size_t ntab
                              config->apply_version_column};
     adopting_t ad = {.lsn = lsn, .out = out, .err = err};
     if ((ad.adopt = ces_adopt_open(&o, why, sizeof(why))) == NULL) {
-        fprintf(err, "ces2pg: adopt: %s\n", why);
+        say_error(err, "adopt", why);
         return 1;
     }
     bool preserve = strcmp(config->schema_identifier_case, "preserve") == 0;
@@ -692,11 +743,11 @@ int ces_admin_adopt(const ces_config_t *config, char *const *tables, size_t ntab
     } else {
         char *schema = target_schema(config, preserve);
         if (ces_adopt_each_table(ad.adopt, schema, adopt_listed, &ad, why, sizeof(why)) < 0) {
-            fprintf(err, "ces2pg: adopt: %s\n", why);
+            say_error(err, "adopt", why);
             ad.failed++;
         } else if (ad.tables == 0) {
             fprintf(err, "ces2pg: adopt: no table in %s%s\n", schema ? "schema " : "any schema",
-                    schema ? schema : "");
+                    schema ? safe(why, sizeof(why), schema) : "");
             ad.failed++;
         }
         free(schema);
