@@ -4,12 +4,14 @@
  * successful replay, 64 usage error, 65 a source gap stopped it (or replay --capture left a file
  * unread), 78 configuration error, 1 anything else.
  */
+#include <errno.h>
 #include <getopt.h>
 #include <malloc.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <unistd.h>
 
 #include "daemon.h"
@@ -551,7 +553,22 @@ static int run_adopt(int argc, char **argv) {
     return rc;
 }
 
+/*
+ * Every command holds the PostgreSQL password or the Event Hubs key in its memory, which a core
+ * dump would write to disk for anyone who may read dumps. Not dumpable also keeps other processes
+ * of the same user from attaching to this one. CES2PG_CORE_DUMPS=1 keeps the kernel's default, to
+ * debug a crash (systemd's unit sets LimitCORE=0 as well).
+ */
+static void forbid_core_dumps(void) {
+    const char *keep = getenv("CES2PG_CORE_DUMPS");
+    if (keep != NULL && strcmp(keep, "1") == 0)
+        return;
+    if (prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0)
+        fprintf(stderr, "ces2pg: warning: core dumps stay on: prctl: %s\n", strerror(errno));
+}
+
 int main(int argc, char **argv) {
+    forbid_core_dumps();
     /* librdkafka's threads would each get a malloc arena of their own; two keep the footprint of
      * a backlog from multiplying. MALLOC_ARENA_MAX, glibc's own variable, overrides it. */
     if (getenv("MALLOC_ARENA_MAX") == NULL)
