@@ -103,7 +103,8 @@ ces_apply_t *ces_apply_new(const ces_apply_options_t *o) {
                                      .auto_create = o->auto_create,
                                      .auto_evolve = o->auto_evolve,
                                      .lsn_guard = o->lsn_guard,
-                                     .version_column = o->version_column};
+                                     .version_column = o->version_column,
+                                     .metadata_schema = o->metadata_schema};
     a->session = ces_session_new(&session);
     a->metadata = ces_metadata_new(o->metadata_schema,
                                    o->version_column ? o->version_column : "_ces_lsn");

@@ -28,6 +28,15 @@ struct ces_catalog_table_s {
     /* The attempt (ces_catalog_ensure) that found it missing and could not create it; 0: none. */
     uint64_t absent_attempt;
     bool preserve_case;
+    const char *version_column; /* reference to the catalog's */
+    /* The source's name as schema.target spells it ("dbo.Orders"), which the table's comment
+     * carries when ces2pg made it; source_mark: what the comment says, NULL when no mark. */
+    char *source;
+    char *source_mark;
+    /* Set when every event of the table is refused (a reserved target, a name collision). */
+    ces_reject_t refused;
+    char refused_reason[400];
+    bool warned_renamed;
     bool warned_no_old_image;
     bool warned_no_pk;
     ces_map_t *type_checks; /* "column\x1ftype" -> verdict */
@@ -49,7 +58,12 @@ struct ces_catalog_s {
     char *target_schema; /* schema.target before its dot, e.g. "{schema}" */
     char *target_table;  /* ... and after it, e.g. "{table}" */
     char *version_column;
+    char *metadata_schema;
     ces_map_t *tables; /* "db\x1fschema\x1ftable" -> ces_catalog_table_t */
+    /* quoted "schema"."table" -> the source (malloc'd) that first found it in this process (see
+     * table_owner); kept across ces_catalog_forget so that forgetting cannot let a second source
+     * in. */
+    ces_map_t *claims;
     unsigned next_table_id;
     ces_strbuf_t check_key; /* scratch: a type_checks key, grown to the longest seen */
     /* The table the last event resolved to, under its key (also where a key is built): events
@@ -75,7 +89,14 @@ static void table_free(void *value, void *arg) {
     ces_shapes_destroy(t->shapes);
     free(t->pg_schema);
     free(t->pg_table);
+    free(t->source);
+    free(t->source_mark);
     free(t);
+}
+
+static void claim_free(void *value, void *arg) {
+    (void)arg;
+    free(value);
 }
 
 ces_catalog_t *ces_catalog_new(const ces_catalog_options_t *o) {
@@ -91,8 +112,11 @@ ces_catalog_t *ces_catalog_new(const ces_catalog_options_t *o) {
     cat->target_schema = dot ? strndup(target, (size_t)(dot - target)) : strdup("public");
     cat->target_table = strdup(dot ? dot + 1 : target);
     cat->version_column = strdup(o->version_column ? o->version_column : "_ces_lsn");
+    cat->metadata_schema = strdup(o->metadata_schema ? o->metadata_schema : "ces2pg");
     cat->tables = ces_map_new();
-    if (!cat->target_schema || !cat->target_table || !cat->version_column || !cat->tables) {
+    cat->claims = ces_map_new();
+    if (!cat->target_schema || !cat->target_table || !cat->version_column ||
+        !cat->metadata_schema || !cat->tables || !cat->claims) {
         ces_catalog_destroy(cat);
         return NULL;
     }
@@ -105,6 +129,10 @@ void ces_catalog_destroy(ces_catalog_t *cat) {
     if (cat->tables != NULL)
         ces_map_clear(cat->tables, table_free, NULL);
     ces_map_destroy(cat->tables);
+    if (cat->claims != NULL)
+        ces_map_clear(cat->claims, claim_free, NULL);
+    ces_map_destroy(cat->claims);
+    free(cat->metadata_schema);
     free(cat->target_schema);
     free(cat->target_table);
     free(cat->version_column);
@@ -139,10 +167,17 @@ long ces_catalog_resolve_column(ces_catalog_table_t *t, const char *source_name)
     uintptr_t v = (uintptr_t)ces_map_get(t->by_source, source_name, strlen(source_name));
     if (v != 0)
         return (long)v - 1;
-    char *f = ces_tableplan_fold_name(source_name, t->preserve_case);
+    bool renamed;
+    char *f = ces_tableplan_column_name(source_name, t->preserve_case, t->version_column, &renamed);
     if (f == NULL)
         return -1;
     long idx = ces_tableplan_column_index(&t->desc, f);
+    if (idx >= 0 && renamed && !t->warned_renamed) {
+        ces_log_warning("table %s: source column '%s' has a name PostgreSQL or ces2pg reserves; "
+                        "it is applied as column %s (other such columns alike)",
+                        t->desc.qualified, source_name, f);
+        t->warned_renamed = true;
+    }
     free(f);
     if (idx >= 0)
         ces_map_put(t->by_source, source_name, strlen(source_name), (void *)(uintptr_t)(idx + 1));
@@ -159,7 +194,7 @@ static int table_load(const ces_catalog_t *cat, ces_session_t *session, ces_cata
     ces_shapes_clear(t->shapes);
     return ces_pgcatalog_read(session, t->pg_schema, t->pg_table,
                               cat->lsn_guard ? cat->version_column : NULL, &t->desc, &t->capacity,
-                              e);
+                              &t->source_mark, e);
 }
 
 /* The verdict on one (column, type), cached in t->type_checks; 0 when out of memory. Each
@@ -236,6 +271,70 @@ static bool all_columns_known(ces_catalog_table_t *t, const ces_event_t *ev) {
            fields_known(t, ev->old, ev->nold);
 }
 
+/* Refuses every event of t (logged once per table): reason, of class cls. */
+static void table_refuse(ces_catalog_table_t *t, const ces_event_t *ev, ces_dl_class_t cls,
+                         const char *reason) {
+    snprintf(t->refused_reason, sizeof(t->refused_reason), "%s", reason);
+    t->refused = (ces_reject_t){cls, t->refused_reason};
+    ces_log_warning("source table %s.%s.%s maps to %s: %s; its events go to the dead-letter table",
+                    ev->db, ev->schema, ev->table, t->desc.qualified, reason);
+}
+
+/* Records that source owns the target table qualified (in place of what was recorded). Returns
+ * -1 when out of memory. */
+static int claim(ces_catalog_t *cat, const char *qualified, const char *source) {
+    size_t qlen = strlen(qualified);
+    char *copy = strdup(source);
+    if (copy == NULL)
+        return -1;
+    free(ces_map_remove(cat->claims, qualified, qlen));
+    if (ces_map_put(cat->claims, qualified, qlen, copy) != 0) {
+        free(copy);
+        return -1;
+    }
+    return 0;
+}
+
+static int nomem(ces_pgerr_t *e) {
+    ces_pgerr_set(e, CES_PGERR_FATAL, -1, NULL, "out of memory");
+    return -1;
+}
+
+/* Whether t's events may be applied at all, decided from names alone before any DDL or DML: not
+ * to a reserved target (ces_tableplan_reserved_target). */
+static void table_refusal(const ces_catalog_t *cat, ces_catalog_table_t *t,
+                          const ces_event_t *ev) {
+    const char *reserved =
+        ces_tableplan_reserved_target(t->pg_schema, t->pg_table, cat->metadata_schema);
+    if (reserved != NULL)
+        table_refuse(t, ev, CES_DL_RESERVED_TARGET, reserved);
+}
+
+/*
+ * Whether t, just read (or made), belongs to t's source (sets *reject when not): its comment names
+ * the source that made it (a mark, which holds across restarts and processes, and outranks what
+ * this process saw first), or, without one, the first source that found it in this process owns
+ * it. Either way another source name that maps to the same table (a case-only difference folded
+ * away) is refused. Returns -1 when refused or out of memory (then e is set).
+ */
+static int table_owner(ces_catalog_t *cat, ces_catalog_table_t *t, const ces_event_t *ev,
+                       ces_reject_t *reject, ces_pgerr_t *e) {
+    const char *owner = t->source_mark;
+    bool marked = owner != NULL;
+    if (owner == NULL)
+        owner = ces_map_get(cat->claims, t->desc.qualified, strlen(t->desc.qualified));
+    if (owner == NULL || strcmp(owner, t->source) == 0)
+        return owner != NULL || claim(cat, t->desc.qualified, t->source) == 0 ? 0 : nomem(e);
+    char reason[300];
+    snprintf(reason, sizeof(reason),
+             "name collision: the target table belongs to source '%.128s', whose name maps to "
+             "the same PostgreSQL name%s",
+             owner, marked ? " (its comment says so)" : "");
+    table_refuse(t, ev, CES_DL_NAME_COLLISION, reason);
+    *reject = t->refused;
+    return -1;
+}
+
 static ces_catalog_table_t *table_new(ces_catalog_t *cat, const ces_session_t *session,
                                       const ces_event_t *ev) {
     ces_catalog_table_t *t = calloc(1, sizeof(*t));
@@ -247,10 +346,13 @@ static ces_catalog_table_t *table_new(ces_catalog_t *cat, const ces_session_t *s
     t->type_checks = ces_map_new();
     t->shapes = ces_shapes_new();
     t->preserve_case = cat->preserve_case;
+    t->version_column = cat->version_column;
     char *schema = ces_tableplan_expand_target(cat->target_schema, ev);
     char *table = ces_tableplan_expand_target(cat->target_table, ev);
     t->pg_schema = schema ? ces_tableplan_fold_name(schema, cat->preserve_case) : NULL;
     t->pg_table = table ? ces_tableplan_fold_name(table, cat->preserve_case) : NULL;
+    if (schema && table && (t->source = malloc(strlen(schema) + strlen(table) + 2)) != NULL)
+        sprintf(t->source, "%s.%s", schema, table);
     free(schema);
     free(table);
     char *qs = t->pg_schema ? ces_session_quote(session, t->pg_schema) : NULL;
@@ -262,10 +364,11 @@ static ces_catalog_table_t *table_new(ces_catalog_t *cat, const ces_session_t *s
     }
     free(qs);
     free(qt);
-    if (t->desc.qualified == NULL) {
+    if (t->desc.qualified == NULL || t->source == NULL) {
         table_free(t, NULL);
         return NULL;
     }
+    table_refusal(cat, t, ev);
     return t;
 }
 
@@ -309,8 +412,9 @@ static int table_first_load(ces_catalog_t *cat, ces_session_t *session, const ch
             t->absent_attempt = attempt;
             return -1;
         }
-        if (ces_pgcatalog_create(session, t->pg_schema, t->desc.qualified,
-                                 cat->lsn_guard ? version_quoted : NULL, cat->preserve_case, ev,
+        ces_pgcatalog_names_t names = {cat->preserve_case, cat->version_column,
+                                       cat->lsn_guard ? version_quoted : NULL};
+        if (ces_pgcatalog_create(session, t->pg_schema, t->desc.qualified, &names, t->source, ev,
                                  e) != 0)
             return -1;
         int created = table_load(cat, session, t, e);
@@ -320,6 +424,8 @@ static int table_first_load(ces_catalog_t *cat, ces_session_t *session, const ch
         if (created <= 0)
             return -1;
     }
+    if (table_owner(cat, t, ev, reject, e) != 0)
+        return -1;
     if (cat->lsn_guard && t->desc.version_col < 0 &&
         (ces_pgcatalog_adopt(session, t->desc.qualified, version_quoted, e) != 0 ||
          table_load(cat, session, t, e) < 0))
@@ -335,8 +441,8 @@ static int table_add_missing(const ces_catalog_t *cat, ces_session_t *session,
                              ces_reject_t *reject, ces_pgerr_t *e) {
     const char **missing;
     size_t nmissing;
-    if (ces_tableplan_missing_columns(&t->desc, cat->preserve_case, ev, &missing, &nmissing) !=
-        0) {
+    if (ces_tableplan_missing_columns(&t->desc, cat->preserve_case, cat->version_column, ev,
+                                      &missing, &nmissing) != 0) {
         ces_pgerr_set(e, CES_PGERR_FATAL, -1, NULL, "out of memory");
         return -1;
     }
@@ -355,8 +461,9 @@ static int table_add_missing(const ces_catalog_t *cat, ces_session_t *session,
                 missing[still++] = missing[i];
         }
         nmissing = still;
-        if (nmissing > 0 && (ces_pgcatalog_evolve(session, t->desc.qualified, cat->preserve_case,
-                                                  ev, missing, nmissing, e) != 0 ||
+        ces_pgcatalog_names_t names = {cat->preserve_case, cat->version_column, NULL};
+        if (nmissing > 0 && (ces_pgcatalog_evolve(session, t->desc.qualified, &names, ev, missing,
+                                                  nmissing, e) != 0 ||
                              table_load(cat, session, t, e) < 0))
             rc = -1;
     }
@@ -369,6 +476,24 @@ static int table_add_missing(const ces_catalog_t *cat, ces_session_t *session,
     return rc < 0 || reject->reason != NULL ? -1 : 0;
 }
 
+
+/* Whether two of ev's source column names map to one target column (sets *reject, or e when out
+ * of memory): checked before the table is made or extended, so that neither is merged. */
+static bool column_collision(const ces_catalog_t *cat, ces_catalog_table_t *t,
+                             const ces_event_t *ev, ces_reject_t *reject, ces_pgerr_t *e) {
+    const char *a, *b;
+    int rc = ces_tableplan_column_collision(ev, cat->preserve_case, cat->version_column, &a, &b);
+    if (rc < 0)
+        ces_pgerr_set(e, CES_PGERR_FATAL, -1, NULL, "out of memory");
+    if (rc == 1) {
+        snprintf(t->reject_reason, sizeof(t->reject_reason),
+                 "name collision: source columns '%.100s' and '%.100s' map to the same "
+                 "PostgreSQL column name",
+                 a, b);
+        *reject = (ces_reject_t){CES_DL_NAME_COLLISION, t->reject_reason};
+    }
+    return rc != 0;
+}
 
 ces_catalog_table_t *ces_catalog_ensure(ces_catalog_t *cat, ces_session_t *session,
                                         const char *version_quoted, const ces_event_t *ev,
@@ -391,8 +516,14 @@ ces_catalog_table_t *ces_catalog_ensure(ces_catalog_t *cat, ces_session_t *sessi
         cat->last = t;
         cat->last_klen = klen;
     }
+    if (t->refused.reason != NULL) {
+        *reject = t->refused;
+        return NULL;
+    }
     if (t->loaded && ces_shapes_known(t->shapes, ev))
         return t;
+    if (column_collision(cat, t, ev, reject, e))
+        return NULL;
     bool fresh = false;
     if (!t->loaded) {
         /* Found missing earlier in this attempt: asking the server again for each of its events

@@ -5,8 +5,12 @@
  * catalog reads its columns and primary key from pg_catalog, creates it when it does not exist
  * (schema.auto_create), adds the columns a later event carries (schema.auto_evolve; never drops or
  * retypes), adopts a table made before ces2pg by adding the version column, and refuses events
- * whose table has no primary key or whose column types no longer fit (type conflicts). The type
- * map and what is guaranteed about target tables are in docs/semantics.md.
+ * whose table has no primary key or whose column types no longer fit (type conflicts). Names from
+ * events are untrusted: before any DDL or DML it refuses events whose target is reserved (the
+ * metadata schema, a system schema: reserved_target) and events whose source name maps to a
+ * target table or column that another source name already has (name_collision; a table it makes
+ * names its source in its comment, so that this holds across restarts). The type map and what is
+ * guaranteed about target tables are in docs/semantics.md.
  *
  * What statements need of a table is its description (ces_catalog_desc_t), read-only outside the
  * catalog. The catalog keeps the tables and decides when each is read, created or extended; the
@@ -67,6 +71,7 @@ typedef struct {
     bool auto_evolve;           /* add missing columns */
     bool lsn_guard;             /* tables carry the version column */
     const char *version_column; /* its name */
+    const char *metadata_schema; /* no event may reach it (NULL: "ces2pg") */
 } ces_catalog_options_t;
 
 /* Copies the options. Returns NULL when out of memory. Owned by the caller. */

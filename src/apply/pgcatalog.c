@@ -42,11 +42,12 @@ static int add_column(ces_catalog_desc_t *d, size_t *capacity, const char *name,
 
 int ces_pgcatalog_read(ces_session_t *session, const char *schema, const char *table,
                        const char *version_column, ces_catalog_desc_t *d, size_t *capacity,
-                       ces_pgerr_t *e) {
+                       char **source_mark, ces_pgerr_t *e) {
     static const char *sql =
         "SELECT a.attname, format_type(a.atttypid, a.atttypmod),"
         "       array_position(i.indkey::int2[], a.attnum) - array_lower(i.indkey::int2[], 1) + 1,"
-        "       format('%I.%I', tn.nspname, ty.typname), c.oid"
+        "       format('%I.%I', tn.nspname, ty.typname), c.oid,"
+        "       pg_catalog.obj_description(c.oid, 'pg_class')"
         "  FROM pg_catalog.pg_attribute a"
         "  JOIN pg_catalog.pg_class c ON c.oid = a.attrelid"
         "  JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace"
@@ -70,6 +71,15 @@ int ces_pgcatalog_read(ces_session_t *session, const char *schema, const char *t
     d->npk = 0;
     d->version_col = -1;
     int rows = PQntuples(r);
+    if (source_mark != NULL) {
+        free(*source_mark);
+        *source_mark = NULL;
+        const char *comment = rows > 0 && !PQgetisnull(r, 0, 5) ? PQgetvalue(r, 0, 5) : "";
+        size_t plen = strlen(CES_PGCATALOG_MARK);
+        if (strncmp(comment, CES_PGCATALOG_MARK, plen) == 0 &&
+            (*source_mark = strdup(comment + plen)) == NULL)
+            goto nomem;
+    }
     free(d->pk);
     d->pk = calloc((size_t)rows + 1, sizeof(size_t));
     if (d->pk == NULL)
@@ -107,10 +117,17 @@ static void new_column_type(const ces_event_t *ev, const char *source_name, char
                         table_name, source_name, unmapped);
 }
 
-/* Appends the quoted, folded source name; -1 when out of memory. */
-static int add_folded_name(ces_strbuf_t *sql, const ces_session_t *session, const char *name,
-                           bool preserve_case) {
-    char *f = ces_tableplan_fold_name(name, preserve_case);
+/* Appends the quoted PostgreSQL name of the source column name (ces_tableplan_column_name),
+ * saying so when it is renamed and log_rename; -1 when out of memory. */
+static int add_column_name(ces_strbuf_t *sql, const ces_session_t *session, const char *qualified,
+                           const char *name, const ces_pgcatalog_names_t *names, bool log_rename) {
+    bool renamed;
+    char *f = ces_tableplan_column_name(name, names->preserve_case, names->version_column,
+                                        &renamed);
+    if (f != NULL && renamed && log_rename)
+        ces_log_warning("table %s: source column '%s' has a name PostgreSQL or ces2pg reserves; "
+                        "it is applied as column %s",
+                        qualified, name, f);
     char *q = f ? ces_session_quote(session, f) : NULL;
     free(f);
     if (q == NULL)
@@ -123,7 +140,7 @@ static int add_folded_name(ces_strbuf_t *sql, const ces_session_t *session, cons
 /* The column list of CREATE TABLE: every column the event names, two source names that fold
  * alike making one column (the first wins). Returns -1 when out of memory. */
 static int add_new_columns(ces_strbuf_t *sql, const ces_session_t *session, const char *qualified,
-                           bool preserve_case, const ces_event_t *ev) {
+                           const ces_pgcatalog_names_t *cnames, const ces_event_t *ev) {
     const char **names = NULL;
     size_t count = 0;
     char **folded = NULL;
@@ -133,7 +150,8 @@ static int add_new_columns(ces_strbuf_t *sql, const ces_session_t *session, cons
         goto done;
     size_t ncols = 0;
     for (size_t i = 0; i < count; i++) {
-        folded[i] = ces_tableplan_fold_name(names[i], preserve_case);
+        folded[i] = ces_tableplan_column_name(names[i], cnames->preserve_case,
+                                              cnames->version_column, NULL);
         if (folded[i] == NULL)
             goto done;
         bool dup = false;
@@ -143,14 +161,11 @@ static int add_new_columns(ces_strbuf_t *sql, const ces_session_t *session, cons
             continue;
         char type[64];
         new_column_type(ev, names[i], type, sizeof(type), qualified);
-        char *q = ces_session_quote(session, folded[i]);
-        if (q == NULL)
-            goto done;
         ces_strbuf_add(sql, ncols++ ? ", " : "");
-        ces_strbuf_add(sql, q);
+        if (add_column_name(sql, session, qualified, names[i], cnames, true) != 0)
+            goto done;
         ces_strbuf_add(sql, " ");
         ces_strbuf_add(sql, type);
-        free(q);
     }
     rc = 0;
 done:
@@ -166,18 +181,21 @@ done:
 /* CREATE SCHEMA and CREATE TABLE from the event's columns, with its pkkey as the primary key.
  * Returns -1 when out of memory. */
 static int create_table_sql(ces_strbuf_t *sql, const ces_session_t *session, const char *schema,
-                            const char *qualified, const char *version_quoted, bool preserve_case,
+                            const char *qualified, const ces_pgcatalog_names_t *names,
                             const ces_event_t *ev) {
+    const char *version_quoted = names->version_quoted;
     char *quoted = ces_session_quote(session, schema);
     if (quoted == NULL)
         return -1;
     ces_strbuf_add(sql, "CREATE SCHEMA IF NOT EXISTS ");
     ces_strbuf_add(sql, quoted);
     free(quoted);
-    ces_strbuf_add(sql, ";\nCREATE TABLE IF NOT EXISTS ");
+    /* Not IF NOT EXISTS: when another session made the table meanwhile, the whole statement
+     * fails (a DDL race, which counts as done), so that its comment is never overwritten. */
+    ces_strbuf_add(sql, ";\nCREATE TABLE ");
     ces_strbuf_add(sql, qualified);
     ces_strbuf_add(sql, " (");
-    if (add_new_columns(sql, session, qualified, preserve_case, ev) != 0)
+    if (add_new_columns(sql, session, qualified, names, ev) != 0)
         return -1;
     if (version_quoted != NULL) {
         ces_strbuf_add(sql, ", ");
@@ -187,20 +205,39 @@ static int create_table_sql(ces_strbuf_t *sql, const ces_session_t *session, con
     ces_strbuf_add(sql, ", PRIMARY KEY (");
     for (size_t i = 0; i < ev->npkkey; i++) {
         ces_strbuf_add(sql, i ? ", " : "");
-        if (add_folded_name(sql, session, ev->pkkey[i].name, preserve_case) != 0)
+        if (add_column_name(sql, session, qualified, ev->pkkey[i].name, names, false) != 0)
             return -1;
     }
     ces_strbuf_add(sql, "))");
     return sql->failed ? -1 : 0;
 }
 
+/* COMMENT ON TABLE with the source mark; -1 when out of memory. */
+static int add_mark(ces_strbuf_t *sql, ces_session_t *session, const char *qualified,
+                    const char *source) {
+    ces_strbuf_t text = {0};
+    ces_strbuf_add(&text, CES_PGCATALOG_MARK);
+    ces_strbuf_add(&text, source);
+    char *literal = text.failed ? NULL
+                                : PQescapeLiteral(ces_session_conn(session), text.buf, text.len);
+    ces_strbuf_free(&text);
+    if (literal == NULL)
+        return -1;
+    ces_strbuf_add(sql, ";\nCOMMENT ON TABLE ");
+    ces_strbuf_add(sql, qualified);
+    ces_strbuf_add(sql, " IS ");
+    ces_strbuf_add(sql, literal);
+    PQfreemem(literal);
+    return sql->failed ? -1 : 0;
+}
+
 int ces_pgcatalog_create(ces_session_t *session, const char *schema, const char *qualified,
-                         const char *version_quoted, bool preserve_case, const ces_event_t *ev,
-                         ces_pgerr_t *e) {
+                         const ces_pgcatalog_names_t *names, const char *source,
+                         const ces_event_t *ev, ces_pgerr_t *e) {
     ces_strbuf_t sql = {0};
     int rc = -1;
-    if (create_table_sql(&sql, session, schema, qualified, version_quoted, preserve_case, ev) !=
-        0) {
+    if (create_table_sql(&sql, session, schema, qualified, names, ev) != 0 ||
+        add_mark(&sql, session, qualified, source) != 0) {
         ces_pgerr_set(e, CES_PGERR_FATAL, -1, NULL, "out of memory");
     } else {
         ces_log_info("creating table %s", qualified);
@@ -210,9 +247,9 @@ int ces_pgcatalog_create(ces_session_t *session, const char *schema, const char 
     return rc;
 }
 
-int ces_pgcatalog_evolve(ces_session_t *session, const char *qualified, bool preserve_case,
-                         const ces_event_t *ev, const char **missing, size_t nmissing,
-                         ces_pgerr_t *e) {
+int ces_pgcatalog_evolve(ces_session_t *session, const char *qualified,
+                         const ces_pgcatalog_names_t *names, const ces_event_t *ev,
+                         const char **missing, size_t nmissing, ces_pgerr_t *e) {
     ces_strbuf_t sql = {0};
     ces_strbuf_add(&sql, "ALTER TABLE ");
     ces_strbuf_add(&sql, qualified);
@@ -220,7 +257,7 @@ int ces_pgcatalog_evolve(ces_session_t *session, const char *qualified, bool pre
         char type[64];
         new_column_type(ev, missing[i], type, sizeof(type), qualified);
         ces_strbuf_add(&sql, i ? ", ADD COLUMN IF NOT EXISTS " : " ADD COLUMN IF NOT EXISTS ");
-        if (add_folded_name(&sql, session, missing[i], preserve_case) != 0) {
+        if (add_column_name(&sql, session, qualified, missing[i], names, true) != 0) {
             ces_strbuf_free(&sql);
             ces_pgerr_set(e, CES_PGERR_FATAL, -1, NULL, "out of memory");
             return -1;

@@ -1,5 +1,6 @@
 #include "apply/tableplan.h"
 
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -8,21 +9,92 @@
 #include "util/array.h"
 #include "util/strbuf.h"
 
-char *ces_tableplan_fold_name(const char *name, bool preserve_case) {
+/* FNV-1a, 32 bits: short, stable across builds and platforms, which is all a name suffix needs. */
+static uint32_t name_hash(const char *name) {
+    uint32_t h = 2166136261u;
+    for (const unsigned char *p = (const unsigned char *)name; *p; p++)
+        h = (h ^ *p) * 16777619u;
+    return h;
+}
+
+/* The length of s clipped to at most max bytes without splitting a UTF-8 character. */
+static size_t clip_utf8(const char *s, size_t max) {
+    size_t len = strlen(s);
+    if (len <= max)
+        return len;
+    len = max;
+    while (len > 0 && ((unsigned char)s[len] & 0xC0) == 0x80)
+        len--;
+    return len;
+}
+
+/* name (already folded) as a PostgreSQL name: as it is when it fits, else clipped with
+ * "_<hash of source>" so that names differing only past the limit stay apart. */
+static char *fit_name(const char *name, const char *source) {
     size_t len = strlen(name);
-    if (len > CES_CATALOG_NAME_MAX) {
-        len = CES_CATALOG_NAME_MAX;
-        while (len > 0 && ((unsigned char)name[len] & 0xC0) == 0x80)
-            len--;
-    }
-    char *out = malloc(len + 1);
-    if (out == NULL)
-        return NULL;
-    for (size_t i = 0; i < len; i++)
-        out[i] = (!preserve_case && name[i] >= 'A' && name[i] <= 'Z') ? (char)(name[i] + 32)
-                                                                      : name[i];
-    out[len] = '\0';
+    if (len <= CES_CATALOG_NAME_MAX)
+        return strdup(name);
+    len = clip_utf8(name, CES_CATALOG_NAME_MAX - CES_TABLEPLAN_HASH_SUFFIX);
+    char *out = malloc(CES_CATALOG_NAME_MAX + 1);
+    if (out != NULL)
+        snprintf(out, CES_CATALOG_NAME_MAX + 1, "%.*s_%08x", (int)len, name,
+                 (unsigned)name_hash(source));
     return out;
+}
+
+char *ces_tableplan_fold_name(const char *name, bool preserve_case) {
+    char *folded = strdup(name);
+    if (folded == NULL)
+        return NULL;
+    for (char *p = folded; !preserve_case && *p; p++) {
+        if (*p >= 'A' && *p <= 'Z')
+            *p = (char)(*p + 32);
+    }
+    char *out = fit_name(folded, name);
+    free(folded);
+    return out;
+}
+
+bool ces_tableplan_reserved_column(const char *pg_name, const char *version_column) {
+    static const char *const system[] = {"xmin", "xmax", "cmin", "cmax", "ctid", "tableoid"};
+    if (pg_name[0] == '\0' || (version_column != NULL && strcmp(pg_name, version_column) == 0))
+        return true;
+    for (size_t i = 0; i < sizeof(system) / sizeof(system[0]); i++) {
+        if (strcmp(pg_name, system[i]) == 0)
+            return true;
+    }
+    return false;
+}
+
+char *ces_tableplan_column_name(const char *name, bool preserve_case, const char *version_column,
+                                bool *renamed) {
+    char *folded = ces_tableplan_fold_name(name, preserve_case);
+    if (renamed != NULL)
+        *renamed = false;
+    if (folded == NULL || !ces_tableplan_reserved_column(folded, version_column))
+        return folded;
+    if (renamed != NULL)
+        *renamed = true;
+    char *prefixed = malloc(sizeof(CES_TABLEPLAN_RESERVED_PREFIX) + strlen(folded));
+    char *out = NULL;
+    if (prefixed != NULL) {
+        sprintf(prefixed, "%s%s", CES_TABLEPLAN_RESERVED_PREFIX, folded);
+        out = fit_name(prefixed, name);
+    }
+    free(prefixed);
+    free(folded);
+    return out;
+}
+
+const char *ces_tableplan_reserved_target(const char *pg_schema, const char *pg_table,
+                                          const char *metadata_schema) {
+    if (pg_schema[0] == '\0' || pg_table[0] == '\0')
+        return "the target name is empty";
+    if (metadata_schema != NULL && strcmp(pg_schema, metadata_schema) == 0)
+        return "the target is in ces2pg's metadata schema";
+    if (strncmp(pg_schema, "pg_", 3) == 0 || strcmp(pg_schema, "information_schema") == 0)
+        return "the target is in a PostgreSQL system schema";
+    return NULL;
 }
 
 char *ces_tableplan_expand_target(const char *pattern, const ces_event_t *ev) {
@@ -121,7 +193,8 @@ long ces_tableplan_column_index(const ces_catalog_desc_t *t, const char *pg_name
 }
 
 int ces_tableplan_missing_columns(const ces_catalog_desc_t *t, bool preserve_case,
-                                   const ces_event_t *ev, const char ***missing, size_t *nmissing) {
+                                   const char *version_column, const ces_event_t *ev,
+                                   const char ***missing, size_t *nmissing) {
     const char **names = NULL;
     size_t count = 0;
     int rc = -1;
@@ -131,7 +204,7 @@ int ces_tableplan_missing_columns(const ces_catalog_desc_t *t, bool preserve_cas
         (*missing = calloc(count + 1, sizeof(char *))) == NULL)
         goto done;
     for (size_t i = 0; i < count; i++) {
-        char *folded = ces_tableplan_fold_name(names[i], preserve_case);
+        char *folded = ces_tableplan_column_name(names[i], preserve_case, version_column, NULL);
         if (folded == NULL)
             goto done;
         if (ces_tableplan_column_index(t, folded) < 0)
@@ -145,6 +218,41 @@ done:
         *missing = NULL;
         *nmissing = 0;
     }
+    free(names);
+    return rc;
+}
+
+int ces_tableplan_column_collision(const ces_event_t *ev, bool preserve_case,
+                                   const char *version_column, const char **first,
+                                   const char **second) {
+    const char **names = NULL;
+    size_t count = 0;
+    char **mapped = NULL;
+    int rc = -1;
+    *first = *second = NULL;
+    if (ces_tableplan_event_columns(ev, &names, &count) != 0 ||
+        (mapped = calloc(count + 1, sizeof(char *))) == NULL)
+        goto done;
+    rc = 0;
+    for (size_t i = 0; i < count && rc == 0; i++) {
+        mapped[i] = ces_tableplan_column_name(names[i], preserve_case, version_column, NULL);
+        if (mapped[i] == NULL) {
+            rc = -1;
+            break;
+        }
+        /* names are distinct (event_columns lists each once): equal targets are a collision. */
+        for (size_t j = 0; j < i && rc == 0; j++) {
+            if (strcmp(mapped[j], mapped[i]) == 0) {
+                *first = names[j];
+                *second = names[i];
+                rc = 1;
+            }
+        }
+    }
+done:
+    for (size_t i = 0; mapped != NULL && i < count; i++)
+        free(mapped[i]);
+    free(mapped);
     free(names);
     return rc;
 }

@@ -59,7 +59,8 @@ int ces_batch_add_gap(ces_batch_t *batch, const ces_source_gap_t *gap) {
 const char *ces_dl_class_name(ces_dl_class_t cls) {
     static const char *const names[CES_DL_NCLASSES] = {
         "decode",           "no_primary_key", "rejected_by_postgres", "segment_timeout",
-        "reassembly_limit", "type_conflict",  "schema"};
+        "reassembly_limit", "type_conflict",  "schema",         "reserved_target",
+        "name_collision"};
     return (unsigned)cls < CES_DL_NCLASSES ? names[cls] : "unknown";
 }
 

@@ -30,6 +30,8 @@ typedef enum {
     CES_DL_REASSEMBLY_LIMIT,     /* a segment group broke reassembly.max_* */
     CES_DL_TYPE_CONFLICT,        /* a source column's type changed beyond its target column */
     CES_DL_SCHEMA,               /* the target table is missing, lacks a column or a key value */
+    CES_DL_RESERVED_TARGET,      /* the target is ces2pg's metadata or a PostgreSQL system schema */
+    CES_DL_NAME_COLLISION,       /* another source name maps to the same target table or column */
     CES_DL_NCLASSES
 } ces_dl_class_t;
 

@@ -39,7 +39,8 @@ static void counts_dead_letters_by_class(void **state) {
     (void)state;
     static const char *const names[CES_DL_NCLASSES] = {
         "decode",           "no_primary_key", "rejected_by_postgres", "segment_timeout",
-        "reassembly_limit", "type_conflict",  "schema"};
+        "reassembly_limit", "type_conflict",  "schema",         "reserved_target",
+        "name_collision"};
     ces_metrics_t *m = ces_metrics_new();
     assert_non_null(m);
     ces_batch_t batch = {0};
