@@ -11,11 +11,11 @@
 #include "util/map.h"
 
 typedef struct group_s {
-    struct group_s *next;
+    struct group_s *older, *newer; /* by first_ms: the oldest expires first */
     ces_reasm_group_t g; /* segments in arrival order until handed back */
     size_t capacity;
     int64_t first_ms;
-    size_t bytes;
+    size_t bytes; /* what it costs: its segments and its own bookkeeping */
     bool have_final;
     int64_t final_index;
     int64_t legacy_total; /* > 0 for legacy split events */
@@ -28,7 +28,8 @@ typedef struct group_s {
 
 struct ces_reasm_s {
     ces_reasm_limits_t limits;
-    group_t *head;
+    group_t *oldest, *newest;
+    ces_map_t *open; /* logicalid -> group_t */
     size_t bytes;
     size_t ngroups;
     ces_map_t *completed;           /* logicalid -> slot + 1 in ring */
@@ -41,8 +42,15 @@ ces_reasm_t *ces_reasm_new(const ces_reasm_limits_t *limits) {
     if (r == NULL)
         return NULL;
     r->limits = *limits;
+    if (r->limits.max_groups == 0)
+        r->limits.max_groups = CES_REASM_DEFAULT_MAX_GROUPS;
+    if (r->limits.max_logicalid_bytes == 0)
+        r->limits.max_logicalid_bytes = CES_REASM_DEFAULT_MAX_LOGICALID;
     r->completed = ces_map_new();
-    if (r->completed == NULL) {
+    r->open = ces_map_new();
+    if (r->completed == NULL || r->open == NULL) {
+        ces_map_destroy(r->completed);
+        ces_map_destroy(r->open);
         free(r);
         return NULL;
     }
@@ -84,6 +92,16 @@ static void forget_one(ces_reasm_t *r, const char *logicalid) {
     }
 }
 
+size_t ces_reasm_segment_bytes(const ces_segment_t *seg) {
+    return sizeof(*seg) + ces_arena_footprint(seg->arena);
+}
+
+/* A group's own bookkeeping: itself, its logicalid (and the open map's copy of it, and that map's
+ * slot). */
+static size_t group_overhead(size_t logicalid_len) {
+    return sizeof(group_t) + 2 * (logicalid_len + 1) + 4 * sizeof(void *);
+}
+
 /* Frees what a group owns, not the group itself. */
 static void group_contents_free(ces_reasm_group_t *g) {
     for (size_t i = 0; i < g->count; i++)
@@ -100,16 +118,56 @@ void ces_reasm_group_free(ces_reasm_group_t *g) {
     free(g);
 }
 
-static ces_reasm_group_t *hand_back(ces_reasm_t *r, group_t *grp) {
-    group_t **pp = &r->head;
-    while (*pp != grp)
-        pp = &(*pp)->next;
-    *pp = grp->next;
+/* Links grp in by first_ms: at the newest end but for a clock that went back or a group put back
+ * (its first segment came earlier), so the walk back is short. */
+static void link_group(ces_reasm_t *r, group_t *grp) {
+    group_t *older = r->newest;
+    while (older != NULL && older->first_ms > grp->first_ms)
+        older = older->older;
+    grp->older = older;
+    grp->newer = older != NULL ? older->newer : r->oldest;
+    if (grp->newer != NULL)
+        grp->newer->older = grp;
+    else
+        r->newest = grp;
+    if (older != NULL)
+        older->newer = grp;
+    else
+        r->oldest = grp;
+}
+
+static void unlink_group(ces_reasm_t *r, group_t *grp) {
+    if (grp->older != NULL)
+        grp->older->newer = grp->newer;
+    else
+        r->oldest = grp->newer;
+    if (grp->newer != NULL)
+        grp->newer->older = grp->older;
+    else
+        r->newest = grp->older;
+    ces_map_remove(r->open, grp->g.logicalid, strlen(grp->g.logicalid));
     r->bytes -= grp->bytes;
     r->ngroups--;
+}
+
+/* Makes grp an open group. Returns 0, or -1 when out of memory (grp is then not linked). */
+static int open_group(ces_reasm_t *r, group_t *grp) {
+    if (ces_map_put(r->open, grp->g.logicalid, strlen(grp->g.logicalid), grp) != 0)
+        return -1;
+    link_group(r, grp);
+    r->bytes += grp->bytes;
+    r->ngroups++;
+    return 0;
+}
+
+static ces_reasm_group_t *hand_back(ces_reasm_t *r, group_t *grp) {
+    unlink_group(r, grp);
     ces_reasm_group_t *out = malloc(sizeof(*out));
-    if (out == NULL)
+    if (out == NULL) {
+        group_contents_free(&grp->g);
+        free(grp);
         return NULL;
+    }
     *out = grp->g;
     out->first_ms = grp->first_ms;
     free(grp);
@@ -125,15 +183,8 @@ void ces_reasm_destroy(ces_reasm_t *r) {
     if (r->completed != NULL)
         ces_reasm_forget_completed(r);
     ces_map_destroy(r->completed);
+    ces_map_destroy(r->open);
     free(r);
-}
-
-static group_t *find(ces_reasm_t *r, const char *logicalid) {
-    for (group_t *g = r->head; g != NULL; g = g->next) {
-        if (strcmp(g->g.logicalid, logicalid) == 0)
-            return g;
-    }
-    return NULL;
 }
 
 static int by_index(const void *a, const void *b) {
@@ -184,25 +235,98 @@ static int join(group_t *grp) {
     return 0;
 }
 
+/* Hands back seg alone, refused before it joined a group: a group of one, for its dead letter.
+ * Takes seg's arena. */
+static ces_reasm_status_t refuse(const ces_segment_t *seg, const char *logicalid,
+                                 ces_reasm_group_t **out) {
+    ces_reasm_group_t *g = calloc(1, sizeof(*g));
+    if (g == NULL || (g->segments = malloc(sizeof(*seg))) == NULL ||
+        (logicalid != NULL && (g->logicalid = strdup(logicalid)) == NULL)) {
+        if (g != NULL)
+            free(g->segments);
+        free(g);
+        ces_arena_destroy(seg->arena);
+        return CES_REASM_NOMEM;
+    }
+    g->segments[0] = *seg;
+    g->count = 1;
+    *out = g;
+    return CES_REASM_GIVEN_UP;
+}
+
+/* The open group of logicalid, or a new one (NULL: out of memory, or too many are open: *full). */
+static group_t *group_for(ces_reasm_t *r, const char *logicalid, size_t len, int64_t now_ms,
+                          bool *full) {
+    *full = false;
+    group_t *grp = ces_map_get(r->open, logicalid, len);
+    if (grp != NULL)
+        return grp;
+    if (r->ngroups >= r->limits.max_groups) {
+        *full = true;
+        return NULL;
+    }
+    grp = calloc(1, sizeof(*grp));
+    if (grp == NULL || (grp->g.logicalid = strdup(logicalid)) == NULL) {
+        free(grp);
+        return NULL;
+    }
+    grp->first_ms = now_ms;
+    grp->bytes = group_overhead(len);
+    if (open_group(r, grp) != 0) {
+        free(grp->g.logicalid);
+        free(grp);
+        return NULL;
+    }
+    return grp;
+}
+
+/* Keeps seg in grp. Returns 0, or -1 when out of memory. */
+static int hold(ces_reasm_t *r, group_t *grp, const ces_segment_t *seg) {
+    ces_segment_t *s = CES_ARRAY_RESERVE(grp->g.segments, grp->capacity, grp->g.count + 1, 4);
+    if (s == NULL)
+        return -1;
+    grp->g.segments = s;
+    grp->g.segments[grp->g.count++] = *seg;
+    size_t cost = ces_reasm_segment_bytes(seg);
+    grp->bytes += cost;
+    r->bytes += cost;
+    if (seg->split_total > 0)
+        grp->legacy_total = seg->split_total;
+    if (seg->final_segment && seg->split_total < 0) {
+        grp->have_final = true;
+        grp->final_index = seg->index;
+    }
+    return 0;
+}
+
 ces_reasm_status_t ces_reasm_add(ces_reasm_t *r, const char *logicalid,
                                  const ces_segment_t *seg, int64_t now_ms,
                                  ces_reasm_group_t **out, char *reason, size_t reason_size) {
     *out = NULL;
-    if (ces_map_get(r->completed, logicalid, strlen(logicalid)) != NULL) {
+    size_t len = strnlen(logicalid, r->limits.max_logicalid_bytes + 1);
+    if (len > r->limits.max_logicalid_bytes) {
+        snprintf(reason, reason_size,
+                 "segment's logicalid is longer than %zu bytes (the longest ces2pg joins "
+                 "segments by); it begins %.60s",
+                 r->limits.max_logicalid_bytes, logicalid);
+        return refuse(seg, NULL, out);
+    }
+    if (ces_map_get(r->completed, logicalid, len) != NULL) {
         ces_arena_destroy(seg->arena);
         return CES_REASM_DUPLICATE;
     }
-    group_t *grp = find(r, logicalid);
+    bool full;
+    group_t *grp = group_for(r, logicalid, len, now_ms, &full);
+    if (full) {
+        snprintf(reason, reason_size,
+                 "segment of group %.100s refused: %zu incomplete segment groups are held "
+                 "already (the most ces2pg holds)",
+                 logicalid, r->limits.max_groups);
+        return refuse(seg, logicalid, out);
+    }
     if (grp == NULL) {
-        grp = calloc(1, sizeof(*grp));
-        if (grp == NULL || (grp->g.logicalid = strdup(logicalid)) == NULL) {
-            free(grp);
-            return CES_REASM_NOMEM;
-        }
-        grp->first_ms = now_ms;
-        grp->next = r->head;
-        r->head = grp;
-        r->ngroups++;
+        ces_arena_destroy(seg->arena);
+        return CES_REASM_NOMEM;
     }
     for (size_t i = 0; i < grp->g.count; i++) {
         if (grp->g.segments[i].index == seg->index) {
@@ -211,18 +335,11 @@ ces_reasm_status_t ces_reasm_add(ces_reasm_t *r, const char *logicalid,
             return CES_REASM_HELD;
         }
     }
-    ces_segment_t *s = CES_ARRAY_RESERVE(grp->g.segments, grp->capacity, grp->g.count + 1, 4);
-    if (s == NULL)
+    if (hold(r, grp, seg) != 0) {
+        ces_arena_destroy(seg->arena);
+        if (grp->g.count == 0)
+            ces_reasm_group_free(hand_back(r, grp));
         return CES_REASM_NOMEM;
-    grp->g.segments = s;
-    grp->g.segments[grp->g.count++] = *seg;
-    grp->bytes += seg->data_len;
-    r->bytes += seg->data_len;
-    if (seg->split_total > 0)
-        grp->legacy_total = seg->split_total;
-    if (seg->final_segment && seg->split_total < 0) {
-        grp->have_final = true;
-        grp->final_index = seg->index;
     }
 
     if (grp->g.count > r->limits.max_segments) {
@@ -234,8 +351,8 @@ ces_reasm_status_t ces_reasm_add(ces_reasm_t *r, const char *logicalid,
     }
     if (r->bytes > r->limits.max_bytes) {
         snprintf(reason, reason_size,
-                 "segments held for reassembly exceed %zu bytes (reassembly.max_bytes) while "
-                 "joining group %.100s",
+                 "segments held for reassembly exceed %zu bytes (reassembly.max_bytes, counting "
+                 "each segment's whole record) while joining group %.100s",
                  r->limits.max_bytes, logicalid);
         *out = hand_back(r, grp);
         return *out ? CES_REASM_GIVEN_UP : CES_REASM_NOMEM;
@@ -266,26 +383,26 @@ ces_reasm_status_t ces_reasm_put_back(ces_reasm_t *r, ces_reasm_group_t *g) {
     grp->capacity = g->count;
     grp->tried_base1 = true;
     grp->first_ms = g->first_ms;
+    grp->bytes = group_overhead(strlen(g->logicalid));
     for (size_t i = 0; i < g->count; i++) {
-        grp->bytes += g->segments[i].data_len;
+        grp->bytes += ces_reasm_segment_bytes(&g->segments[i]);
         if (g->segments[i].final_segment) {
             grp->have_final = true;
             grp->final_index = g->segments[i].index;
         }
     }
+    if (open_group(r, grp) != 0) {
+        free(grp);
+        return CES_REASM_NOMEM;
+    }
     free(g);
-    r->bytes += grp->bytes;
-    r->ngroups++;
-    grp->next = r->head;
-    r->head = grp;
     return CES_REASM_HELD;
 }
 
 ces_reasm_group_t *ces_reasm_expire(ces_reasm_t *r, int64_t now_ms) {
-    for (group_t *g = r->head; g != NULL; g = g->next) {
-        if (now_ms - g->first_ms >= r->limits.timeout_ms)
-            return hand_back(r, g);
-    }
+    group_t *g = r->oldest;
+    if (g != NULL && now_ms - g->first_ms >= r->limits.timeout_ms)
+        return hand_back(r, g);
     return NULL;
 }
 
@@ -298,20 +415,16 @@ static int picked(const group_t *g, ces_source_pred_t pred, void *arg) {
 }
 
 long ces_reasm_drop_sources(ces_reasm_t *r, ces_source_pred_t pred, void *arg) {
-    for (const group_t *g = r->head; g != NULL; g = g->next) {
+    for (const group_t *g = r->oldest; g != NULL; g = g->newer) {
         if (picked(g, pred, arg) < 0)
             return -1;
     }
     long dropped = 0;
-    for (group_t **pp = &r->head; *pp != NULL;) {
-        group_t *g = *pp;
-        if (picked(g, pred, arg) == 0) {
-            pp = &g->next;
+    for (group_t *g = r->oldest, *next; g != NULL; g = next) {
+        next = g->newer;
+        if (picked(g, pred, arg) == 0)
             continue;
-        }
-        *pp = g->next;
-        r->bytes -= g->bytes;
-        r->ngroups--;
+        unlink_group(r, g);
         group_contents_free(&g->g);
         free(g);
         dropped++;
@@ -320,13 +433,13 @@ long ces_reasm_drop_sources(ces_reasm_t *r, ces_source_pred_t pred, void *arg) {
 }
 
 ces_reasm_group_t *ces_reasm_take_any(ces_reasm_t *r) {
-    return r->head ? hand_back(r, r->head) : NULL;
+    return r->oldest ? hand_back(r, r->oldest) : NULL;
 }
 
 bool ces_reasm_min_offset(const ces_reasm_t *r, const char *topic, int32_t partition,
                           int64_t *offset) {
     bool found = false;
-    for (const group_t *g = r->head; g != NULL; g = g->next) {
+    for (const group_t *g = r->oldest; g != NULL; g = g->newer) {
         for (size_t i = 0; i < g->g.count; i++) {
             const ces_source_t *s = &g->g.segments[i].source;
             if (s->partition == partition && strcmp(s->topic, topic) == 0 &&

@@ -267,6 +267,64 @@ static ces_pipeline_status_t note_read(ces_pipeline_t *p, const ces_record_t *re
     return CES_PIPELINE_OK;
 }
 
+/* The longest reason a held segment's dead letter is given (give_up_group's callers). */
+#define DEAD_LETTER_REASON_ROOM 640
+
+/* Room for a string of len bytes in an arena: its NUL, rounded up to the arena's alignment. */
+static size_t arena_room(size_t len) { return len + 1 + 15; }
+
+static char *copy_string(ces_arena_t *arena, const char *s) {
+    return s != NULL ? ces_arena_strndup(arena, s, strlen(s)) : NULL;
+}
+
+/*
+ * The segment as it is held: what joining it and its dead letter need (the envelope's strings, its
+ * data, the record), copied into an arena of their size, into *seg. Its decoding arena holds the
+ * record's whole JSON tree too (tens of MB for a record whose other attributes are large, while
+ * its data may be one byte): that goes back to decode a later record (ces_staging_keep_spare),
+ * whatever happens. Takes arena; returns 0, or -1 when out of memory.
+ */
+static int hold_segment(ces_pipeline_t *p, const ces_source_t *source, const ces_envelope_t *env,
+                        const void *raw, size_t raw_len, ces_arena_t *arena,
+                        ces_segment_t *seg) {
+    /* And room for what its dead letter would add (a reason, the logicalid again), so that it
+     * does not take a block of its own then. */
+    size_t room = arena_room(raw_len) + arena_room(env->data_len) +
+                  2 * arena_room(strlen(env->logicalid)) + DEAD_LETTER_REASON_ROOM +
+                  (env->id != NULL ? arena_room(strlen(env->id)) : 0) +
+                  (env->time != NULL ? arena_room(strlen(env->time)) : 0);
+    ces_arena_t *held = ces_arena_new_whole(room);
+    ces_envelope_t e = *env;
+    const void *raw_copy = NULL;
+    if (held != NULL) {
+        e.id = copy_string(held, env->id);
+        e.logicalid = copy_string(held, env->logicalid);
+        e.time = copy_string(held, env->time);
+        e.data = ces_arena_strndup(held, env->data, env->data_len);
+        e.data_tree = NULL; /* a segment carries data as a string */
+        raw_copy = ces_arena_strndup(held, raw, raw_len);
+    }
+    ces_staging_keep_spare(p, arena);
+    if (held == NULL || raw_copy == NULL || e.data == NULL || e.logicalid == NULL ||
+        (env->id != NULL && e.id == NULL) || (env->time != NULL && e.time == NULL)) {
+        ces_arena_destroy(held);
+        return -1;
+    }
+    *seg = (ces_segment_t){
+        .source = *source,
+        .envelope = e,
+        .index = e.index,
+        .final_segment = e.final_segment,
+        .split_total = e.legacy ? e.split_total : -1,
+        .data = e.data,
+        .data_len = e.data_len,
+        .raw = raw_copy,
+        .raw_len = raw_len,
+        .arena = held,
+    };
+    return 0;
+}
+
 /* A segment of an event (env, its record's copy raw): to the reassembler, which may complete its
  * group. Takes arena. */
 static ces_pipeline_status_t add_segment(ces_pipeline_t *p, const ces_source_t *source,
@@ -276,22 +334,15 @@ static ces_pipeline_status_t add_segment(ces_pipeline_t *p, const ces_source_t *
     if (env->data == NULL)
         return undecodable(p, source, "a segment must carry data as a string", env->logicalid,
                            raw, raw_len, arena, errstr, errstr_size);
-    ces_segment_t seg = {
-        .source = *source,
-        .envelope = *env,
-        .index = env->index,
-        .final_segment = env->final_segment,
-        .split_total = env->legacy ? env->split_total : -1,
-        .data = env->data,
-        .data_len = env->data_len,
-        .raw = raw,
-        .raw_len = raw_len,
-        .arena = arena,
-    };
+    ces_segment_t seg;
+    if (hold_segment(p, source, env, raw, raw_len, arena, &seg) != 0) {
+        snprintf(errstr, errstr_size, "out of memory");
+        return CES_PIPELINE_FATAL;
+    }
     ces_reasm_group_t *group = NULL;
     char reason[512];
-    ces_reasm_status_t rs =
-        ces_reasm_add(p->reasm, env->logicalid, &seg, now_ms, &group, reason, sizeof(reason));
+    ces_reasm_status_t rs = ces_reasm_add(p->reasm, seg.envelope.logicalid, &seg, now_ms, &group,
+                                          reason, sizeof(reason));
     return handle_reasm(p, rs, group, reason, now_ms, errstr, errstr_size);
 }
 
