@@ -73,9 +73,11 @@ void ces_daemon_pipeline_options(const ces_config_t *c, bool store_positions,
     o->nexclude = c->schema_exclude.count;
 }
 
-/* An apply stage whose heartbeat (may be NULL) hears of the connection and of backoff waits. */
+/* An apply stage whose heartbeat (may be NULL) hears of the connection and of backoff waits, and
+ * whose retrying hook (may be NULL) of retries and their end. */
 static ces_apply_t *make_apply(const ces_config_t *c, volatile sig_atomic_t *stop_now,
-                               void (*heartbeat)(void *, bool), void *opaque) {
+                               void (*heartbeat)(void *, bool),
+                               void (*retrying)(void *, const char *), void *opaque) {
     ces_apply_options_t o = {
         .conninfo = c->pg_conninfo,
         .metadata_schema = c->schema_metadata,
@@ -92,12 +94,13 @@ static ces_apply_t *make_apply(const ces_config_t *c, volatile sig_atomic_t *sto
         .password = c->pg_password,
         .heartbeat = heartbeat,
         .heartbeat_opaque = opaque,
+        .retrying = retrying,
     };
     return ces_apply_new(&o);
 }
 
 ces_apply_t *ces_daemon_apply_new(const ces_config_t *config, volatile sig_atomic_t *stop_now) {
-    return make_apply(config, stop_now, NULL, NULL);
+    return make_apply(config, stop_now, NULL, NULL, NULL);
 }
 
 /* What the daemon's hooks and its loop share. Main thread only; metrics is shared with the HTTP
@@ -124,8 +127,11 @@ typedef struct {
     ces_http_t *http;
 } daemon_t;
 
+/* Pings systemd's watchdog every half period, unless retries have gone on without progress for
+ * longer than the period (WatchdogSec): then systemd stops the process as stuck. */
 static void ping_watchdog(daemon_t *d, int64_t now) {
-    if (d->watchdog_ms > 0 && now - d->last_watchdog_ms >= d->watchdog_ms) {
+    if (d->watchdog_ms > 0 && now - d->last_watchdog_ms >= d->watchdog_ms &&
+        ces_metrics_alive(d->metrics, now, 2 * d->watchdog_ms)) {
         ces_notify("WATCHDOG=1");
         d->last_watchdog_ms = now;
     }
@@ -138,6 +144,12 @@ static void on_apply_heartbeat(void *opaque, bool connected) {
     ces_metrics_heartbeat(d->metrics, now);
     ces_metrics_set_connected(d->metrics, connected);
     ping_watchdog(d, now);
+}
+
+/* apply's hook: a retry begins its wait (reason), or something succeeded after retries (NULL). */
+static void on_apply_retrying(void *opaque, const char *reason) {
+    daemon_t *d = opaque;
+    ces_metrics_retrying(d->metrics, reason, ces_clock_now_ms());
 }
 
 /* The pipeline's hook: once per batch PostgreSQL accepted. */
@@ -376,7 +388,7 @@ ces_daemon_status_t ces_daemon_run(const char *path, ces_config_t *config,
     popts.on_applied_opaque = &d;
     d.metrics = ces_metrics_new();
     ces_decoder_t *decoder = ces_decoder_new(&limits);
-    d.apply = make_apply(config, signals->stop, on_apply_heartbeat, &d);
+    d.apply = make_apply(config, signals->stop, on_apply_heartbeat, on_apply_retrying, &d);
     if (d.metrics == NULL || decoder == NULL || d.apply == NULL ||
         (d.pipeline = ces_pipeline_new(&popts, decoder, d.apply)) == NULL) {
         ces_log_error("out of memory");

@@ -43,6 +43,7 @@ struct ces_apply_s {
     uint64_t stream_epoch; /* the session epoch a streamed transaction began in; 0: none */
     attempt_t *async;      /* a batch sent by ces_apply_send, not finished yet */
     uint64_t attempts;     /* attempts begun: the plain-INSERT policy's and missing tables' clock */
+    char *metadata_schema; /* its name, unquoted: a 42501 may be about it */
 };
 
 /* A streamed transaction is open while the connection it began on is. */
@@ -96,6 +97,7 @@ ces_apply_t *ces_apply_new(const ces_apply_options_t *o) {
                                      .stop_now = o->stop_now,
                                      .heartbeat = o->heartbeat,
                                      .heartbeat_opaque = o->heartbeat_opaque,
+                                     .retrying = o->retrying,
                                      .on_connect = on_connect,
                                      .on_connect_opaque = a};
     ces_catalog_options_t catalog = {.target = o->target,
@@ -112,7 +114,9 @@ ces_apply_t *ces_apply_new(const ces_apply_options_t *o) {
     a->catalog = ces_catalog_new(&catalog);
     a->janitor = ces_janitor_new(o->lsn_guard, o->tombstone_retention_s);
     a->prepared = ces_prepared_new();
-    if (!a->session || !a->metadata || !a->positions || !a->catalog || !a->janitor || !a->prepared) {
+    a->metadata_schema = strdup(o->metadata_schema ? o->metadata_schema : "ces2pg");
+    if (!a->metadata_schema || !a->session || !a->metadata || !a->positions || !a->catalog ||
+        !a->janitor || !a->prepared) {
         ces_apply_destroy(a);
         return NULL;
     }
@@ -132,6 +136,7 @@ void ces_apply_destroy(ces_apply_t *a) {
     ces_metadata_destroy(a->metadata);
     ces_positions_destroy(a->positions);
     ces_janitor_destroy(a->janitor);
+    free(a->metadata_schema);
     free(a);
 }
 
@@ -144,7 +149,10 @@ bool ces_apply_check(ces_apply_t *a) {
 }
 
 ces_apply_status_t ces_apply_start(ces_apply_t *a, char *errstr, size_t errstr_size) {
-    return ensure_connected(a, errstr, errstr_size);
+    ces_apply_status_t st = ensure_connected(a, errstr, errstr_size);
+    if (st == CES_APPLY_OK)
+        ces_session_backoff_reset(a->session);
+    return st;
 }
 
 ces_apply_status_t ces_apply_read_positions(ces_apply_t *a, const char *topic,
@@ -157,15 +165,19 @@ ces_apply_status_t ces_apply_read_positions(ces_apply_t *a, const char *topic,
         if (st != CES_APPLY_OK)
             return st;
         ces_pgerr_t e = CES_PGERR_INIT;
-        if (ces_positions_read(a->positions, a->session, topic, partitions, n, offsets, &e) == 0)
+        if (ces_positions_read(a->positions, a->session, topic, partitions, n, offsets, &e) == 0) {
+            ces_session_backoff_reset(a->session);
             return CES_APPLY_OK;
+        }
         if (e.action != CES_PGERR_RETRY) {
             snprintf(errstr, errstr_size, "reading stored offsets: %s", e.message);
             return CES_APPLY_FATAL;
         }
         ces_log_warning("reading stored offsets: %s (retrying)", e.message);
         ces_session_disconnect(a->session);
-        if (ces_session_backoff_sleep(a->session, ces_session_backoff_next(a->session)) != 0) {
+        if (ces_session_backoff_sleep(a->session, ces_session_backoff_next(
+                                                      a->session, ces_pgerr_retry_reason(&e))) !=
+            0) {
             snprintf(errstr, errstr_size, "stopped while waiting for PostgreSQL");
             return CES_APPLY_INTERRUPTED;
         }
@@ -194,11 +206,20 @@ static int prepare_tables(ces_apply_t *a, ces_batch_t *batch, ces_catalog_table_
                                        a->attempts, &reject, e);
         if (tables[i] != NULL)
             continue;
+        if (e->action == CES_PGERR_STALE && e->failed_item < 0) {
+            e->failed_item = (long)i; /* so that a table that keeps changing ends (retry_after) */
+            e->in_ddl = true;
+        }
         if (e->action == CES_PGERR_DATA && e->failed_item < 0) {
-            /* DDL refused because of what this event holds (e.g. an over-long name). */
+            /* DDL refused because of what this event asks (a name PostgreSQL refuses, a type
+             * the table cannot take, a table ces2pg may not alter...): the event's. */
             char reason[600];
-            snprintf(reason, sizeof(reason), "creating or extending the target table failed: %s",
-                     e->message);
+            snprintf(reason, sizeof(reason),
+                     "creating or extending the target table failed: %s%s%s%s", e->message,
+                     e->sqlstate[0] ? " (SQLSTATE " : "", e->sqlstate, e->sqlstate[0] ? ")" : "");
+            ces_log_warning("%s.%s.%s %s at %s[%d]@%lld: %s", item->event.db, item->event.schema,
+                            item->event.table, ces_op_name(item->event.op), item->source.topic,
+                            (int)item->source.partition, (long long)item->source.offset, reason);
             ces_pgerr_clear(e);
             if (ces_batch_item_reject(item, CES_DL_SCHEMA, reason) != 0) {
                 ces_pgerr_set(e, CES_PGERR_FATAL, -1, NULL, "out of memory");
@@ -349,6 +370,8 @@ typedef struct {
     bool bulk;           /* off once a bulk statement hit bad data: row by row finds the change */
     bool plain_inserts;  /* off once a plain INSERT found its key taken */
     bool commit_unknown; /* the last attempt failed during COMMIT */
+    unsigned stale;      /* CES_PGERR_STALE running, at the same change (stale_item) */
+    long stale_item;
 } retry_t;
 
 static int read_one_position(void *opaque, const char *topic, int32_t partition,
@@ -371,20 +394,45 @@ static void count_committed(const ces_batch_t *batch, ces_apply_stats_t *stats) 
     }
 }
 
-/* A change PostgreSQL rejected becomes a dead letter; the batch is tried again without it. Returns
- * true to try again, false with *status to give up. */
-static bool reject_failed_item(ces_batch_t *batch, const ces_pgerr_t *e, char *errstr,
-                               size_t errstr_size, ces_apply_status_t *status) {
-    if (e->failed_item >= 0 && (size_t)e->failed_item < batch->count &&
-        batch->items[e->failed_item].kind == CES_ITEM_EVENT) {
+/* A 42501 in an event's statement is the event's (a target table ces2pg may not write or alter)
+ * unless ces2pg lost its privileges on its own metadata schema, where its dead letters and
+ * positions go and which the version guard reads. Returns 1 when ces2pg may still use the schema
+ * and each table in it, 0 when not, -1 when the question failed (e says why). */
+static int own_schema_usable(ces_apply_t *a, ces_pgerr_t *e) {
+    /* One privilege per call: given several, has_table_privilege says whether any is held. */
+    static const char *sql =
+        "SELECT has_schema_privilege(n.oid, 'USAGE') AND NOT EXISTS ("
+        "  SELECT 1 FROM pg_catalog.pg_class c WHERE c.relnamespace = n.oid AND c.relkind = 'r'"
+        "   AND NOT (has_table_privilege(c.oid, 'SELECT') AND has_table_privilege(c.oid, 'INSERT')"
+        "        AND has_table_privilege(c.oid, 'UPDATE') AND has_table_privilege(c.oid, 'DELETE')))"
+        "  FROM pg_catalog.pg_namespace n WHERE n.nspname = $1";
+    const char *params[1] = {a->metadata_schema};
+    PGresult *r = ces_session_query(a->session, sql, 1, params, e);
+    if (r == NULL)
+        return -1;
+    int usable = PQntuples(r) == 1 && strcmp(PQgetvalue(r, 0, 0), "t") == 0;
+    PQclear(r);
+    return usable;
+}
+
+static bool item_is_event(const ces_batch_t *batch, long i) {
+    return i >= 0 && (size_t)i < batch->count && batch->items[i].kind == CES_ITEM_EVENT;
+}
+
+/* A change PostgreSQL rejected becomes a dead letter (class cls); the batch is tried again
+ * without it. Returns true to try again, false with *status to give up. */
+static bool reject_failed_item(ces_batch_t *batch, const ces_pgerr_t *e, ces_dl_class_t cls,
+                               char *errstr, size_t errstr_size, ces_apply_status_t *status) {
+    if (item_is_event(batch, e->failed_item)) {
         ces_item_t *item = &batch->items[e->failed_item];
         char reason[700];
-        snprintf(reason, sizeof(reason), "PostgreSQL rejected the change: %s (SQLSTATE %s)",
+        snprintf(reason, sizeof(reason), "PostgreSQL rejected the change%s: %s (SQLSTATE %s)",
+                 e->action == CES_PGERR_STALE ? ", its table changing underneath each time" : "",
                  e->message, e->sqlstate);
         ces_log_warning("%s.%s.%s %s at %s[%d]@%lld: %s", item->event.db, item->event.schema,
                         item->event.table, ces_op_name(item->event.op), item->source.topic,
                         (int)item->source.partition, (long long)item->source.offset, reason);
-        if (ces_batch_item_reject(item, CES_DL_REJECTED_BY_POSTGRES, reason) != 0) {
+        if (ces_batch_item_reject(item, cls, reason) != 0) {
             snprintf(errstr, errstr_size, "out of memory");
             *status = CES_APPLY_FATAL;
             return false;
@@ -395,6 +443,73 @@ static bool reject_failed_item(ces_batch_t *batch, const ces_pgerr_t *e, char *e
              e->message, e->sqlstate);
     *status = CES_APPLY_FATAL;
     return false;
+}
+
+/* Waits before the batch is tried again after e (capped exponential backoff, counted by reason),
+ * unless a stop is requested. Returns true to try again, false with *status to give up. */
+static bool wait_to_retry(ces_apply_t *a, const ces_pgerr_t *e, const char *why,
+                          ces_apply_stats_t *stats, char *errstr, size_t errstr_size,
+                          ces_apply_status_t *status) {
+    if (stats)
+        stats->retries++;
+    int64_t ms = ces_session_backoff_next(a->session, ces_pgerr_retry_reason(e));
+    ces_log_warning("PostgreSQL: %s%s%s%s; rolling back and retrying the batch in %lld ms",
+                    e->message, e->sqlstate[0] ? " SQLSTATE " : "", e->sqlstate, why,
+                    (long long)ms);
+    if (ces_session_backoff_sleep(a->session, ms) != 0) {
+        snprintf(errstr, errstr_size, "stopped while retrying a batch");
+        *status = CES_APPLY_INTERRUPTED;
+        return false;
+    }
+    return true;
+}
+
+/* An event's change (or its table's DDL) was refused for what it asks: a dead letter, unless the
+ * refusal is a privilege ces2pg lacks on its own metadata schema. */
+static bool rejected(ces_apply_t *a, ces_batch_t *batch, const ces_pgerr_t *e, char *errstr,
+                     size_t errstr_size, ces_apply_status_t *status) {
+    if (strcmp(e->sqlstate, ERRCODE_INSUFFICIENT_PRIVILEGE) == 0) {
+        ces_pgerr_t check = CES_PGERR_INIT;
+        int usable = own_schema_usable(a, &check);
+        if (usable <= 0) {
+            snprintf(errstr, errstr_size,
+                     "permission denied on ces2pg's metadata schema \"%s\": %s%s%s",
+                     a->metadata_schema, e->message,
+                     usable < 0 ? "; and checking it failed: " : "",
+                     usable < 0 ? check.message : "");
+            *status = CES_APPLY_FATAL;
+            return false;
+        }
+    }
+    return reject_failed_item(batch, e, e->in_ddl ? CES_DL_SCHEMA : CES_DL_REJECTED_BY_POSTGRES,
+                              errstr, errstr_size, status);
+}
+
+/* A target table changed underneath (e): it is read again in a new session after a wait. The
+ * same change finding it changed CES_APPLY_STALE_TRIES times running is dead-lettered (a bulk
+ * statement goes row by row first, to find the change): what it asks keeps failing the same way,
+ * e.g. a trigger that names a column or table that does not exist. */
+static bool stale(ces_apply_t *a, ces_batch_t *batch, const ces_pgerr_t *e, retry_t *r,
+                  ces_apply_stats_t *stats, char *errstr, size_t errstr_size,
+                  ces_apply_status_t *status) {
+    r->stale = r->stale_item == e->failed_item ? r->stale + 1 : 1;
+    r->stale_item = e->failed_item;
+    if (r->stale >= CES_APPLY_STALE_TRIES && item_is_event(batch, e->failed_item)) {
+        r->stale = 0;
+        return reject_failed_item(batch, e,
+                                  e->in_ddl ? CES_DL_SCHEMA : CES_DL_REJECTED_BY_POSTGRES, errstr,
+                                  errstr_size, status);
+    }
+    if (r->stale >= CES_APPLY_STALE_TRIES && r->bulk) {
+        r->bulk = false;
+        r->stale = 0;
+    }
+    ces_catalog_forget(a->catalog);
+    /* Statements of the old shape may still exist on the server: start a new session (whose
+     * epoch makes every statement prepared again). */
+    ces_session_disconnect(a->session);
+    return wait_to_retry(a, e, " (a target table changed underneath; reading it again)", stats,
+                         errstr, errstr_size, status);
 }
 
 /* Decides what follows the failed attempt e at batch. Returns true to try again (as r now says),
@@ -431,38 +546,19 @@ static bool retry_after(ces_apply_t *a, ces_batch_t *batch, step_t step, const c
         r->plain_inserts = false;
         return true;
     case CES_PGERR_DATA:
-        return reject_failed_item(batch, e, errstr, errstr_size, status);
+        return rejected(a, batch, e, errstr, errstr_size, status);
     case CES_PGERR_STALE:
-        ces_log_warning("a target table changed underneath ces2pg (%s); reloading it", e->message);
-        ces_catalog_forget(a->catalog);
-        /* Statements of the old shape may still exist on the server: start a new session (whose
-         * epoch makes every statement prepared again). */
-        ces_session_disconnect(a->session);
-        if (stats)
-            stats->retries++;
-        return true;
+        return stale(a, batch, e, r, stats, errstr, errstr_size, status);
     case CES_PGERR_FENCED:
         snprintf(errstr, errstr_size, "%s", e->message);
         a->stream_epoch = 0;
         *status = CES_APPLY_FENCED;
         return false;
-    case CES_PGERR_RETRY: {
-        if (stats)
-            stats->retries++;
+    case CES_PGERR_RETRY:
         r->commit_unknown = e->in_commit;
-        int64_t ms = ces_session_backoff_next(a->session);
-        ces_log_warning("PostgreSQL: %s%s%s; rolling back and retrying the batch in %lld ms",
-                        e->message, e->sqlstate[0] ? " SQLSTATE " : "", e->sqlstate,
-                        (long long)ms);
         if (!ces_session_connected(a->session))
             ces_session_disconnect(a->session);
-        if (ces_session_backoff_sleep(a->session, ms) != 0) {
-            snprintf(errstr, errstr_size, "stopped while retrying a batch");
-            *status = CES_APPLY_INTERRUPTED;
-            return false;
-        }
-        return true;
-    }
+        return wait_to_retry(a, e, "", stats, errstr, errstr_size, status);
     default:
         snprintf(errstr, errstr_size, "PostgreSQL: %s%s%s", e->message,
                  e->sqlstate[0] ? " SQLSTATE " : "", e->sqlstate);
@@ -476,7 +572,7 @@ static bool retry_after(ces_apply_t *a, ces_batch_t *batch, step_t step, const c
 static ces_apply_status_t apply_step(ces_apply_t *a, ces_batch_t *batch, step_t step,
                                      const ces_pgerr_t *first, ces_apply_stats_t *stats,
                                      char *errstr, size_t errstr_size) {
-    retry_t r = {.bulk = true, .plain_inserts = true};
+    retry_t r = {.bulk = true, .plain_inserts = true, .stale_item = -2};
     for (;;) {
         ces_pgerr_t e = CES_PGERR_INIT;
         if (first != NULL) {

@@ -5,8 +5,10 @@
  * consumer positions (fenced on the values read at assignment), sent through libpq's pipeline mode.
  * Target tables are created and extended outside that transaction, idempotently. Transient failures
  * (lost connection, deadlock, serialization, lock timeout, admin shutdown) roll back and retry the
- * same batch with capped exponential backoff; a change PostgreSQL rejects as bad data (SQLSTATE
- * class 22, 23 or 54) becomes a dead letter and the rest of the batch is retried without it.
+ * same batch with capped exponential backoff; a change PostgreSQL rejects for what it asks (bad
+ * data, a refused DDL of its table, a privilege on its table, a trigger that raises: every error
+ * that is neither transient nor about ces2pg's own connection, database or metadata schema,
+ * ces_pgerr_classify_event) becomes a dead letter and the rest of the batch is retried without it.
  */
 #ifndef CES_APPLY_H
 #define CES_APPLY_H
@@ -37,7 +39,25 @@ typedef struct {
      * PostgreSQL outage does not look like a stuck process); may be NULL. */
     void (*heartbeat)(void *opaque, bool connected);
     void *heartbeat_opaque;
+    /* Called with heartbeat_opaque and the reason (one of CES_APPLY_RETRY_REASONS) of every
+     * retry as it starts its backoff wait, and with NULL once something succeeds after retries
+     * (a batch committed, the connection made at start, positions read); may be NULL. While
+     * retries last nothing progresses (the daemon says not ready, and not alive after long). */
+    void (*retrying)(void *opaque, const char *reason);
 } ces_apply_options_t;
+
+/* Every reason a retry may give (the label of ces2pg_postgres_retries_total): connecting to PostgreSQL;
+ * a lost connection or a server shutting down; a serialization failure or deadlock; a lock or
+ * statement timeout; PostgreSQL short of resources (class 53); a target table that changed
+ * underneath (it is read again). */
+#define CES_APPLY_RETRY_REASONS                                                                   \
+    {"connect", "connection", "conflict", "timeout", "resources", "table_changed"}
+#define CES_APPLY_NRETRY_REASONS 6
+
+/* A target table that changes underneath the same change this many times running is not
+ * changing: the change is dead-lettered (CES_DL_REJECTED_BY_POSTGRES, or CES_DL_SCHEMA when its
+ * table's DDL failed so). */
+#define CES_APPLY_STALE_TRIES 3
 
 typedef enum {
     CES_APPLY_OK = 0,

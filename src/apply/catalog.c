@@ -399,6 +399,13 @@ static bool refuse_missing(const ces_catalog_t *cat, ces_catalog_table_t *t, con
     return false;
 }
 
+/* The DDL of an event's target table failed: unless the failure is transient or about ces2pg
+ * itself, it is the event's (ces_pgerr_blame_event), and the event is dead-lettered. Returns -1. */
+static int ddl_failed(ces_pgerr_t *e) {
+    ces_pgerr_blame_event(e);
+    return -1;
+}
+
 /* Reads t from pg_catalog the first time it is needed, creating it when it does not exist and
  * adopting it when it lacks the version column. Returns 0, or -1 with e or *reject set. */
 static int table_first_load(ces_catalog_t *cat, ces_session_t *session, const char *version_quoted,
@@ -416,20 +423,25 @@ static int table_first_load(ces_catalog_t *cat, ces_session_t *session, const ch
                                        cat->lsn_guard ? version_quoted : NULL};
         if (ces_pgcatalog_create(session, t->pg_schema, t->desc.qualified, &names, t->source, ev,
                                  e) != 0)
-            return -1;
+            return ddl_failed(e);
         int created = table_load(cat, session, t, e);
+        /* "Already exists" counted as another session's table, yet no table is there: the name
+         * is a view's, a sequence's or an index's. Asking again would find the same. */
         if (created == 0)
-            ces_pgerr_set(e, CES_PGERR_STALE, -1, NULL, "table %s vanished after it was created",
+            ces_pgerr_set(e, CES_PGERR_DATA, -1, NULL,
+                          "table %s could not be created: another kind of relation has its name",
                           t->desc.qualified);
         if (created <= 0)
             return -1;
     }
     if (table_owner(cat, t, ev, reject, e) != 0)
         return -1;
-    if (cat->lsn_guard && t->desc.version_col < 0 &&
-        (ces_pgcatalog_adopt(session, t->desc.qualified, version_quoted, e) != 0 ||
-         table_load(cat, session, t, e) < 0))
-        return -1;
+    if (cat->lsn_guard && t->desc.version_col < 0) {
+        if (ces_pgcatalog_adopt(session, t->desc.qualified, version_quoted, e) != 0)
+            return ddl_failed(e);
+        if (table_load(cat, session, t, e) < 0)
+            return -1;
+    }
     t->loaded = true;
     return 0;
 }
@@ -462,9 +474,10 @@ static int table_add_missing(const ces_catalog_t *cat, ces_session_t *session,
         }
         nmissing = still;
         ces_pgcatalog_names_t names = {cat->preserve_case, cat->version_column, NULL};
-        if (nmissing > 0 && (ces_pgcatalog_evolve(session, t->desc.qualified, &names, ev, missing,
-                                                  nmissing, e) != 0 ||
-                             table_load(cat, session, t, e) < 0))
+        if (nmissing > 0 && ces_pgcatalog_evolve(session, t->desc.qualified, &names, ev, missing,
+                                                 nmissing, e) != 0)
+            rc = ddl_failed(e);
+        else if (nmissing > 0 && table_load(cat, session, t, e) < 0)
             rc = -1;
     }
     for (size_t i = 0; rc >= 0 && i < nmissing; i++) {

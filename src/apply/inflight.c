@@ -117,14 +117,19 @@ static void drain_reset(ces_inflight_t *q) {
 static int result_failed(ces_inflight_t *q, const pending_t *p, PGresult *r) {
     PGconn *conn = ces_inflight_conn(q);
     long item = (p->kind == CES_INFLIGHT_ROW || p->kind == KIND_PARSE) ? p->item : -1;
+    /* Row changes on target tables: what PostgreSQL refuses there is the events' (pgerr.h). */
+    bool target = p->kind == CES_INFLIGHT_ROW || p->kind == CES_INFLIGHT_BULK ||
+                  p->kind == KIND_PARSE;
     bool first = q->e->action == CES_PGERR_NONE;
     ces_pgerr_from_result(q->e, conn, r, item);
+    if (first && target)
+        ces_pgerr_blame_event(q->e);
     /* Bad data, or one key twice in a statement (two texts of one value, like "1" and "01"):
      * only row by row can tell which change it was. */
     if (first && p->inserted != NULL && strcmp(q->e->sqlstate, ERRCODE_UNIQUE_VIOLATION) == 0) {
         q->e->action = CES_PGERR_RETRY_WITH_UPSERTS;
         q->e->taken = p->inserted;
-    } else if (first && p->kind == CES_INFLIGHT_BULK &&
+    } else if (first && target && item < 0 &&
                (q->e->action == CES_PGERR_DATA ||
                 strcmp(q->e->sqlstate, ERRCODE_CARDINALITY_VIOLATION) == 0)) {
         q->e->action = CES_PGERR_RETRY_ROW_BY_ROW;
@@ -158,6 +163,7 @@ static int read_result(ces_inflight_t *q, const pending_t *p, PGresult *r) {
 static int read_sync(ces_inflight_t *q) {
     PGconn *conn = ces_inflight_conn(q);
     int rc = 0;
+    ces_session_await_result(q->session);
     PGresult *r = PQgetResult(conn);
     if (r == NULL || PQresultStatus(r) != PGRES_PIPELINE_SYNC) {
         if (r != NULL)
@@ -211,6 +217,8 @@ static int drain_some(ces_inflight_t *q, bool wait) {
     while (q->drained < q->npending || q->between) {
         if (!wait && PQisBusy(conn))
             return 1;
+        if (wait)
+            ces_session_await_result(q->session); /* a stop cancels a statement that lasts */
         if (read_next(q) != 0)
             return -1;
     }

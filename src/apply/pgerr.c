@@ -18,9 +18,17 @@ static const char *const data_classes[] = {ERRCODE_CLASS_DATA_EXCEPTION,
                                            ERRCODE_CLASS_PROGRAM_LIMIT_EXCEEDED};
 /* A cached table description no longer matches the server's. */
 static const char *const stale_codes[] = {ERRCODE_UNDEFINED_TABLE, ERRCODE_UNDEFINED_COLUMN};
+/* Not 42701 (duplicate column): ADD COLUMN IF NOT EXISTS waits for the table's lock and then
+ * sees a column another session added, so a duplicate column is what the statement itself asks
+ * (a system column's name, one name twice), never a race. */
 static const char *const ddl_race_codes[] = {ERRCODE_UNIQUE_VIOLATION, ERRCODE_DUPLICATE_TABLE,
-                                             ERRCODE_DUPLICATE_SCHEMA, ERRCODE_DUPLICATE_COLUMN,
-                                             ERRCODE_DUPLICATE_OBJECT};
+                                             ERRCODE_DUPLICATE_SCHEMA, ERRCODE_DUPLICATE_OBJECT};
+/* Errors of an event's statement that are about ces2pg itself, not the event: they stop it. */
+static const char *const own_classes[] = {
+    ERRCODE_CLASS_INVALID_TRANSACTION_STATE, ERRCODE_CLASS_INVALID_AUTHORIZATION,
+    ERRCODE_CLASS_INVALID_CATALOG_NAME,      ERRCODE_CLASS_SAVEPOINT_EXCEPTION,
+    ERRCODE_CLASS_OPERATOR_INTERVENTION,     ERRCODE_CLASS_SYSTEM_ERROR,
+    ERRCODE_CLASS_CONFIG_FILE_ERROR,         ERRCODE_CLASS_INTERNAL_ERROR};
 
 #define COUNT(array) (sizeof(array) / sizeof((array)[0]))
 
@@ -78,6 +86,35 @@ ces_pgerr_action_t ces_pgerr_classify(const char *sqlstate, bool connection_ok) 
     if (in_list(sqlstate, stale_codes, COUNT(stale_codes)))
         return CES_PGERR_STALE;
     return CES_PGERR_FATAL;
+}
+
+ces_pgerr_action_t ces_pgerr_classify_event(const char *sqlstate, bool connection_ok) {
+    ces_pgerr_action_t action = ces_pgerr_classify(sqlstate, connection_ok);
+    if (action != CES_PGERR_FATAL || in_classes(sqlstate, own_classes, COUNT(own_classes)))
+        return action;
+    return CES_PGERR_DATA;
+}
+
+const char *ces_pgerr_retry_reason(const ces_pgerr_t *e) {
+    static const char *const conflict_codes[] = {ERRCODE_T_R_SERIALIZATION_FAILURE,
+                                                 ERRCODE_T_R_DEADLOCK_DETECTED};
+    static const char *const timeout_codes[] = {ERRCODE_LOCK_NOT_AVAILABLE,
+                                                ERRCODE_QUERY_CANCELED};
+    static const char *const resource_classes[] = {ERRCODE_CLASS_INSUFFICIENT_RESOURCES};
+    if (e->action == CES_PGERR_STALE)
+        return "table_changed";
+    if (in_list(e->sqlstate, conflict_codes, COUNT(conflict_codes)))
+        return "conflict";
+    if (in_list(e->sqlstate, timeout_codes, COUNT(timeout_codes)))
+        return "timeout";
+    if (in_classes(e->sqlstate, resource_classes, COUNT(resource_classes)))
+        return "resources";
+    return "connection";
+}
+
+void ces_pgerr_blame_event(ces_pgerr_t *e) {
+    if (e->action == CES_PGERR_FATAL && e->sqlstate[0] != '\0')
+        e->action = ces_pgerr_classify_event(e->sqlstate, true);
 }
 
 /* Texts of a failed connection's message that make it not worth retrying: the server's refusals

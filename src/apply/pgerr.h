@@ -36,6 +36,7 @@
 #define ERRCODE_DUPLICATE_SCHEMA "42P06"
 #define ERRCODE_DUPLICATE_COLUMN "42701"
 #define ERRCODE_DUPLICATE_OBJECT "42710"
+#define ERRCODE_INSUFFICIENT_PRIVILEGE "42501"
 
 /* SQLSTATE classes: the first two characters, shared by every code of the class. */
 #define ERRCODE_CLASS_CONNECTION_EXCEPTION "08"
@@ -43,6 +44,14 @@
 #define ERRCODE_CLASS_INTEGRITY_CONSTRAINT_VIOLATION "23"
 #define ERRCODE_CLASS_INSUFFICIENT_RESOURCES "53"
 #define ERRCODE_CLASS_PROGRAM_LIMIT_EXCEEDED "54"
+#define ERRCODE_CLASS_INVALID_TRANSACTION_STATE "25"
+#define ERRCODE_CLASS_INVALID_AUTHORIZATION "28"
+#define ERRCODE_CLASS_INVALID_CATALOG_NAME "3D"
+#define ERRCODE_CLASS_SAVEPOINT_EXCEPTION "3B"
+#define ERRCODE_CLASS_OPERATOR_INTERVENTION "57"
+#define ERRCODE_CLASS_SYSTEM_ERROR "58"
+#define ERRCODE_CLASS_CONFIG_FILE_ERROR "F0"
+#define ERRCODE_CLASS_INTERNAL_ERROR "XX"
 
 /* What an attempt must do next. The first six follow a failure (or its absence); the last two are
  * no failure of the batch but a change of strategy: the same batch is tried again another way. */
@@ -64,6 +73,7 @@ typedef struct ces_pgerr_s {
     ces_pgerr_action_t action;
     long failed_item; /* index into the batch, or -1 */
     bool in_commit;   /* the failure hit COMMIT: the outcome is unknown */
+    bool in_ddl;      /* the failure was the DDL of failed_item's target table */
     char sqlstate[6]; /* "" when PostgreSQL gave none */
     char message[512];
     struct ces_catalog_table_s *taken; /* CES_PGERR_RETRY_WITH_UPSERTS: reference to the table
@@ -77,8 +87,14 @@ typedef struct ces_pgerr_s {
 void ces_pgerr_set(ces_pgerr_t *e, ces_pgerr_action_t action, long item, const char *sqlstate,
                    const char *fmt, ...) __attribute__((format(printf, 5, 6)));
 
-/* Records the error of res (NULL: of conn, e.g. a lost connection), classified. */
+/* Records the error of res (NULL: of conn, e.g. a lost connection), classified as an error of
+ * ces2pg's own statement (ces_pgerr_classify). */
 void ces_pgerr_from_result(ces_pgerr_t *e, const PGconn *conn, const PGresult *res, long item);
+
+/* The failed statement was one an event asked for (its row change, or the DDL of its target
+ * table): an error that would stop ces2pg becomes the event's (CES_PGERR_DATA) unless it is about
+ * ces2pg itself (ces_pgerr_classify_event). Other actions are kept. */
+void ces_pgerr_blame_event(ces_pgerr_t *e);
 
 /* Forgets the error: e is as CES_PGERR_INIT made it. */
 void ces_pgerr_clear(ces_pgerr_t *e);
@@ -86,6 +102,21 @@ void ces_pgerr_clear(ces_pgerr_t *e);
 /* What follows a failed statement, by its SQLSTATE (NULL or "" when the server sent none). Without
  * a working connection, or without a SQLSTATE, every failure is worth a retry. */
 ces_pgerr_action_t ces_pgerr_classify(const char *sqlstate, bool connection_ok);
+
+/* Why an attempt that failed with e (CES_PGERR_RETRY or CES_PGERR_STALE) is retried, as the
+ * retry counter's label says (one of CES_APPLY_RETRY_REASONS, apply.h): "connection" (lost, or a
+ * server shutting down), "conflict" (serialization failure, deadlock), "timeout" (a lock or
+ * statement timeout, a cancel), "resources" (class 53), "table_changed" (CES_PGERR_STALE). */
+const char *ces_pgerr_retry_reason(const ces_pgerr_t *e);
+
+/* The same for a statement an event asked for (its row change on a target table, or that table's
+ * DDL): what is transient is retried and a stale description reloaded as above, but an error that
+ * concerns ces2pg itself (its session or transaction: classes 25, 3B; its login and database: 28,
+ * 3D; the server: 57 but for the retried codes, 58, F0, XX) stops it, and every other error
+ * (classes 42 and 0A among them: a refused DDL, a privilege on the target table, a generated
+ * column, a trigger that raises) is the event's: CES_PGERR_DATA. A 42501 can also be about
+ * ces2pg's metadata schema (the version guard reads its tombstones): the caller checks. */
+ces_pgerr_action_t ces_pgerr_classify_event(const char *sqlstate, bool connection_ok);
 
 /* A text of libpq's message for a failed connection, and what a message holding it means. */
 typedef struct {

@@ -1,9 +1,12 @@
 #include "apply/session.h"
 
+#include <errno.h>
+#include <poll.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
+#include "util/clock.h"
 #include "util/log.h"
 
 struct ces_session_s {
@@ -13,6 +16,7 @@ struct ces_session_s {
     volatile sig_atomic_t *stop_now;
     void (*heartbeat)(void *opaque, bool connected);
     void *heartbeat_opaque;
+    void (*retrying)(void *opaque, const char *reason);
     int (*on_connect)(void *opaque, ces_session_t *session, ces_pgerr_t *e);
     void *on_connect_opaque;
 
@@ -30,6 +34,7 @@ ces_session_t *ces_session_new(const ces_session_options_t *o) {
     s->stop_now = o->stop_now;
     s->heartbeat = o->heartbeat;
     s->heartbeat_opaque = o->heartbeat_opaque;
+    s->retrying = o->retrying;
     s->on_connect = o->on_connect;
     s->on_connect_opaque = o->on_connect_opaque;
     if (s->conninfo == NULL ||
@@ -162,7 +167,9 @@ int ces_session_connect_once(ces_session_t *s, ces_pgerr_t *e) {
     return 0;
 }
 
-int64_t ces_session_backoff_next(ces_session_t *s) {
+int64_t ces_session_backoff_next(ces_session_t *s, const char *reason) {
+    if (s->retrying != NULL)
+        s->retrying(s->heartbeat_opaque, reason);
     int64_t ms = s->backoff_ms ? s->backoff_ms * CES_SESSION_BACKOFF_GROWTH
                                : CES_SESSION_BACKOFF_FIRST_MS;
     if (ms > s->retry_max_ms)
@@ -171,7 +178,11 @@ int64_t ces_session_backoff_next(ces_session_t *s) {
     return ms;
 }
 
-void ces_session_backoff_reset(ces_session_t *s) { s->backoff_ms = 0; }
+void ces_session_backoff_reset(ces_session_t *s) {
+    if (s->backoff_ms != 0 && s->retrying != NULL)
+        s->retrying(s->heartbeat_opaque, NULL);
+    s->backoff_ms = 0;
+}
 
 static bool stop_requested(const ces_session_t *s) { return s->stop_now != NULL && *s->stop_now; }
 
@@ -189,6 +200,40 @@ int ces_session_backoff_sleep(ces_session_t *s, int64_t ms) {
     return stop_requested(s) ? -1 : 0;
 }
 
+/* Asks the server to cancel what the connection executes. */
+static void cancel_statement(ces_session_t *s) {
+    ces_log_warning("stop requested: cancelling the statement PostgreSQL is still executing "
+                    "after %d ms", CES_SESSION_STOP_GRACE_MS);
+    PGcancel *c = PQgetCancel(s->conn);
+    char err[256];
+    if (c == NULL || PQcancel(c, err, sizeof(err)) != 1)
+        ces_log_warning("cancelling the statement failed: %s", c == NULL ? "no cancel key" : err);
+    PQfreeCancel(c);
+}
+
+void ces_session_await_result(ces_session_t *s) {
+    PGconn *conn = s->conn;
+    int64_t stop_since = 0;
+    bool cancelled = false;
+    while (conn != NULL && PQisBusy(conn)) {
+        struct pollfd pfd = {.fd = PQsocket(conn), .events = POLLIN};
+        if (pfd.fd < 0)
+            return;
+        int n = poll(&pfd, 1, CES_SESSION_SLEEP_STEP_MS);
+        if ((n < 0 && errno != EINTR) || (n > 0 && PQconsumeInput(conn) != 1))
+            return;
+        if (cancelled || !stop_requested(s))
+            continue;
+        int64_t now = ces_clock_now_ms();
+        if (stop_since == 0) {
+            stop_since = now;
+        } else if (now - stop_since >= CES_SESSION_STOP_GRACE_MS) {
+            cancel_statement(s);
+            cancelled = true;
+        }
+    }
+}
+
 ces_session_status_t ces_session_ensure_connected(ces_session_t *s, char *errstr,
                                                   size_t errstr_size) {
     while (!ces_session_connected(s)) {
@@ -199,7 +244,7 @@ ces_session_status_t ces_session_ensure_connected(ces_session_t *s, char *errstr
             snprintf(errstr, errstr_size, "%s", e.message);
             return CES_SESSION_FATAL;
         }
-        int64_t ms = ces_session_backoff_next(s);
+        int64_t ms = ces_session_backoff_next(s, "connect");
         ces_log_warning("%s (retrying in %lld ms)", e.message, (long long)ms);
         if (ces_session_backoff_sleep(s, ms) != 0) {
             snprintf(errstr, errstr_size, "stopped while waiting for PostgreSQL");

@@ -27,6 +27,9 @@
 #define CES_SESSION_BACKOFF_GROWTH 2
 /* A wait sleeps in steps this long, checking the stop flag and beating the heart between them. */
 #define CES_SESSION_SLEEP_STEP_MS 50
+/* A statement still executing this long after a stop was requested is cancelled (ces2pg would
+ * otherwise wait for a lock or a slow trigger as long as they last). */
+#define CES_SESSION_STOP_GRACE_MS 5000
 
 typedef struct ces_session_s ces_session_t;
 
@@ -40,6 +43,10 @@ typedef struct {
      * PostgreSQL outage does not look like a stuck process); may be NULL. */
     void (*heartbeat)(void *opaque, bool connected);
     void *heartbeat_opaque;
+    /* Called with the reason of every retry as its wait is chosen (ces_session_backoff_next),
+     * and with NULL when the retries end (ces_session_backoff_reset after one); its opaque is
+     * heartbeat_opaque. May be NULL. */
+    void (*retrying)(void *opaque, const char *reason);
     /* Called on every new connection before it counts as connected (the apply room creates its
      * metadata schema there). Returns 0, or -1 with e set: the connection is then closed. May be
      * NULL. */
@@ -83,14 +90,22 @@ void ces_session_disconnect(ces_session_t *session);
  * there is none, tries once to connect. Returns ces_session_connected(). */
 bool ces_session_check(ces_session_t *session, bool transaction_open);
 
-/* The next wait of the backoff. */
-int64_t ces_session_backoff_next(ces_session_t *session);
-/* Starts the backoff again from CES_SESSION_BACKOFF_FIRST_MS (after a success). */
+/* The next wait of the backoff, for a retry because of reason (a static string: one of
+ * CES_APPLY_RETRY_REASONS, apply.h), which the retrying hook hears of. */
+int64_t ces_session_backoff_next(ces_session_t *session, const char *reason);
+/* Starts the backoff again from CES_SESSION_BACKOFF_FIRST_MS (after a success): the retries, if
+ * any, have ended. */
 void ces_session_backoff_reset(ces_session_t *session);
 /* Sleeps ms milliseconds in steps, so that a stop request ends the wait. Returns 0, or -1 when a
  * stop was requested. */
 int ces_session_backoff_sleep(ces_session_t *session, int64_t ms)
     __attribute__((warn_unused_result));
+
+/* Waits until libpq can give the next result without blocking, checking the stop flag every
+ * CES_SESSION_SLEEP_STEP_MS: once a stop has been requested for CES_SESSION_STOP_GRACE_MS, the
+ * statement under way is cancelled (it then fails with 57014, which ends the attempt). A broken
+ * connection returns at once: PQgetResult reports it. */
+void ces_session_await_result(ces_session_t *session);
 
 /* Runs sql (one or more statements, no parameters) outside any pipeline. Returns 0, or -1 with e
  * set. */

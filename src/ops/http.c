@@ -71,7 +71,8 @@ static MHD_Result_t handle(void *cls, struct MHD_Connection *conn, const char *u
         bool ok = ces_metrics_ready(h->metrics);
         return ok ? text(conn, MHD_HTTP_OK, "ready\n")
                   : text(conn, MHD_HTTP_SERVICE_UNAVAILABLE,
-                         "not ready: PostgreSQL not connected or no partition assigned\n");
+                         "not ready: PostgreSQL not connected, retrying, or no partition "
+                         "assigned\n");
     }
     return text(conn, MHD_HTTP_NOT_FOUND, "not found: try /metrics, /healthz or /readyz\n");
 }

@@ -77,7 +77,11 @@ struct ces_metrics_s {
     atomic_bool connected;
     atomic_size_t assigned;
     atomic_ullong fetch_wakeups;
+    atomic_llong retry_since_ms; /* the first retry since the last progress; 0: none */
+    atomic_ullong retries[CES_APPLY_NRETRY_REASONS + 1]; /* by retry_reasons, then "unknown" */
 };
+
+static const char *const retry_reasons[CES_APPLY_NRETRY_REASONS] = CES_APPLY_RETRY_REASONS;
 
 ces_metrics_t *ces_metrics_new(void) {
     ces_metrics_t *m = calloc(1, sizeof(*m));
@@ -97,6 +101,9 @@ ces_metrics_t *ces_metrics_new(void) {
     atomic_init(&m->connected, false);
     atomic_init(&m->assigned, 0);
     atomic_init(&m->fetch_wakeups, 0);
+    atomic_init(&m->retry_since_ms, 0);
+    for (size_t i = 0; i <= CES_APPLY_NRETRY_REASONS; i++)
+        atomic_init(&m->retries[i], 0);
     return m;
 }
 
@@ -295,14 +302,31 @@ void ces_metrics_set_fetch_wakeups(ces_metrics_t *m, uint64_t wakeups) {
     atomic_store(&m->fetch_wakeups, (unsigned long long)wakeups);
 }
 
+void ces_metrics_retrying(ces_metrics_t *m, const char *reason, int64_t now_ms) {
+    if (reason == NULL) {
+        atomic_store(&m->retry_since_ms, 0);
+        return;
+    }
+    size_t i = 0;
+    while (i < CES_APPLY_NRETRY_REASONS && strcmp(retry_reasons[i], reason) != 0)
+        i++;
+    atomic_fetch_add(&m->retries[i], 1);
+    long long none = 0;
+    long long since = now_ms > 0 ? (long long)now_ms : 1;
+    atomic_compare_exchange_strong(&m->retry_since_ms, &none, since);
+}
+
 bool ces_metrics_alive(const ces_metrics_t *m, int64_t now_ms, int64_t max_age_ms) {
-    long long beat = atomic_load(&((ces_metrics_t *)m)->heartbeat_ms);
-    return beat > 0 && now_ms - beat <= max_age_ms;
+    ces_metrics_t *mm = (ces_metrics_t *)m;
+    long long beat = atomic_load(&mm->heartbeat_ms);
+    long long since = atomic_load(&mm->retry_since_ms);
+    return beat > 0 && now_ms - beat <= max_age_ms && (since == 0 || now_ms - since <= max_age_ms);
 }
 
 bool ces_metrics_ready(const ces_metrics_t *m) {
     ces_metrics_t *mm = (ces_metrics_t *)m;
-    return atomic_load(&mm->connected) && atomic_load(&mm->assigned) > 0;
+    return atomic_load(&mm->connected) && atomic_load(&mm->assigned) > 0 &&
+           atomic_load(&mm->retry_since_ms) == 0;
 }
 
 static int64_t partition_lag(const partition_gauge_t *p) {
@@ -425,9 +449,19 @@ static void render_counters(ces_metrics_t *m, FILE *out) {
             (unsigned long long)m->batch_count);
     fprintf(out, "ces2pg_batch_duration_seconds_sum %.6f\n", m->batch_seconds);
     fprintf(out, "ces2pg_batch_duration_seconds_count %llu\n", (unsigned long long)m->batch_count);
+}
+
+/* The retries by reason (lock-free). */
+static void render_retries(ces_metrics_t *m, FILE *out) {
     header(out, "ces2pg_postgres_retries_total", "counter",
-           "Batches rolled back and retried after a transient PostgreSQL failure.");
-    fprintf(out, "ces2pg_postgres_retries_total %llu\n", (unsigned long long)st->retries);
+           "Backoff waits before PostgreSQL is tried again after a transient failure (connecting, "
+           "a batch rolled back, a target table read again), by reason.");
+    for (size_t i = 0; i < CES_APPLY_NRETRY_REASONS; i++)
+        fprintf(out, "ces2pg_postgres_retries_total{reason=\"%s\"} %llu\n", retry_reasons[i],
+                atomic_load(&m->retries[i]));
+    unsigned long long unknown = atomic_load(&m->retries[CES_APPLY_NRETRY_REASONS]);
+    if (unknown > 0)
+        fprintf(out, "ces2pg_postgres_retries_total{reason=\"unknown\"} %llu\n", unknown);
 }
 
 /* The gauges (under the lock). */
@@ -501,6 +535,7 @@ int ces_metrics_render(ces_metrics_t *m, char **out_buf, size_t *out_len) {
     render_counters(m, out);
     render_gauges(m, out);
     pthread_mutex_unlock(&m->lock);
+    render_retries(m, out);
     if (rss >= 0) {
         header(out, "ces2pg_process_resident_memory_bytes", "gauge",
                "Resident memory of the ces2pg process.");

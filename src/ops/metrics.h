@@ -5,8 +5,8 @@
  * applied per operation and table, dead letters per reason, batch durations) are added once per
  * committed batch; gauges (positions, lag, what is held in memory) are copied once per loop turn
  * at most every 100 ms; both under one mutex, never per event. Liveness (the loop's last turn),
- * the PostgreSQL connection and the assignment are atomics, so that /healthz and /readyz never wait
- * for the main loop.
+ * the PostgreSQL connection, retries and the assignment are atomics, so that /healthz and /readyz
+ * never wait for the main loop.
  *
  * Label cardinality is bounded: at most CES_METRICS_MAX_TABLES tables are tracked by name, the rest
  * count under table="other"; dead letters count by the class they were made with (batch.h).
@@ -58,9 +58,14 @@ void ces_metrics_set_connected(ces_metrics_t *metrics, bool connected);
 void ces_metrics_set_assigned(ces_metrics_t *metrics, size_t partitions);
 /* ces_consumer_fetch_wakeups(), for its counter. */
 void ces_metrics_set_fetch_wakeups(ces_metrics_t *metrics, uint64_t wakeups);
-/* The loop turned within max_age_ms. */
+/* A retry of reason (one of CES_APPLY_RETRY_REASONS, apply.h; another counts as "unknown") begins
+ * its wait: counted, and the retries since the last progress make one stretch from the first.
+ * reason NULL: something succeeded, the stretch ended. Any thread, lock-free. */
+void ces_metrics_retrying(ces_metrics_t *metrics, const char *reason, int64_t now_ms);
+/* The loop turned within max_age_ms, and no stretch of retries has lasted longer than that: a
+ * retry beats the heart (the loop is not stuck) but is no progress. */
 bool ces_metrics_alive(const ces_metrics_t *metrics, int64_t now_ms, int64_t max_age_ms);
-/* PostgreSQL is connected and partitions are assigned. */
+/* PostgreSQL is connected, partitions are assigned, and no retry is under way. */
 bool ces_metrics_ready(const ces_metrics_t *metrics);
 
 void ces_metrics_summary(ces_metrics_t *metrics, ces_metrics_summary_t *summary);

@@ -1,6 +1,7 @@
 /* What PostgreSQL's errors mean for ces2pg: SQLSTATE classes, failed connections, DDL races. */
 #include "test_util.h"
 
+#include "apply/apply.h"
 #include "apply/pgerr.h"
 
 typedef struct {
@@ -192,16 +193,125 @@ static void connect_texts_decide(void **state) {
 /* What another session running the same IF NOT EXISTS DDL at the same moment makes us see. */
 static void ddl_race_set(void **state) {
     (void)state;
-    static const char *const raced[] = {"23505", "42P07", "42P06", "42701", "42710"};
+    static const char *const raced[] = {"23505", "42P07", "42P06", "42710"};
     for (size_t i = 0; i < sizeof(raced) / sizeof(raced[0]); i++)
         assert_true(ces_pgerr_is_ddl_race(raced[i]));
-    static const char *const not_raced[] = {"42P01", "42703", "23502", "42501", "40P01", "", "2350",
-                                            "235050"};
+    /* 42701: ADD COLUMN IF NOT EXISTS waits for the lock and sees the column; a duplicate column
+     * is what the statement itself asked (a system column's name), never someone else's work. */
+    static const char *const not_raced[] = {"42P01", "42703", "23502", "42501", "40P01", "42701",
+                                            "",      "2350",  "235050"};
     for (size_t i = 0; i < sizeof(not_raced) / sizeof(not_raced[0]); i++) {
         if (ces_pgerr_is_ddl_race(not_raced[i]))
             fail_msg("\"%s\" taken for a DDL race", not_raced[i]);
     }
     assert_false(ces_pgerr_is_ddl_race(NULL));
+}
+
+/* An event's statement (its row change, its table's DDL): what it asks is refused, the event's. */
+static const verdict_t event_table[] = {
+    {"42701", CES_PGERR_DATA},  /* duplicate column in CREATE/ALTER TABLE */
+    {"42939", CES_PGERR_DATA},  /* reserved name */
+    {"42501", CES_PGERR_DATA},  /* a target table ces2pg may not alter or write (apply checks
+                                 * its own schema) */
+    {"42P16", CES_PGERR_DATA},  /* invalid table definition */
+    {"42804", CES_PGERR_DATA},  /* datatype mismatch */
+    {"42846", CES_PGERR_DATA},  /* cannot coerce */
+    {"42601", CES_PGERR_DATA},  /* syntax error */
+    {"42P07", CES_PGERR_DATA},  /* a relation of that name */
+    {"428C9", CES_PGERR_DATA},  /* a generated column written */
+    {"0A000", CES_PGERR_DATA},  /* feature not supported */
+    {"P0001", CES_PGERR_DATA},  /* a trigger's RAISE EXCEPTION */
+    {"21000", CES_PGERR_DATA},  /* cardinality */
+    {"55000", CES_PGERR_DATA},  /* object not in prerequisite state (a replica identity) */
+    {"22P02", CES_PGERR_DATA},  /* data, as before */
+    {"23514", CES_PGERR_DATA},  /* a CHECK constraint */
+    /* transient and stale: unchanged */
+    {"40001", CES_PGERR_RETRY},
+    {"55P03", CES_PGERR_RETRY},
+    {"57014", CES_PGERR_RETRY},
+    {"57P01", CES_PGERR_RETRY},
+    {"08006", CES_PGERR_RETRY},
+    {"53100", CES_PGERR_RETRY},
+    {"42P01", CES_PGERR_STALE},
+    {"42703", CES_PGERR_STALE},
+    /* about ces2pg itself: they stop it */
+    {"25006", CES_PGERR_FATAL}, /* read-only transaction: a standby */
+    {"25P02", CES_PGERR_FATAL},
+    {"28000", CES_PGERR_FATAL},
+    {"28P01", CES_PGERR_FATAL},
+    {"3D000", CES_PGERR_FATAL},
+    {"3B001", CES_PGERR_FATAL}, /* its own savepoint */
+    {"57P04", CES_PGERR_FATAL}, /* database dropped */
+    {"58030", CES_PGERR_FATAL},
+    {"F0000", CES_PGERR_FATAL},
+    {"XX000", CES_PGERR_FATAL},
+};
+
+static void event_classification_table(void **state) {
+    (void)state;
+    for (size_t i = 0; i < sizeof(event_table) / sizeof(event_table[0]); i++) {
+        ces_pgerr_action_t got = ces_pgerr_classify_event(event_table[i].sqlstate, true);
+        if (got != event_table[i].cls)
+            fail_msg("SQLSTATE %s of an event: class %d, expected %d", event_table[i].sqlstate,
+                     (int)got, (int)event_table[i].cls);
+        assert_int_equal(ces_pgerr_classify_event(event_table[i].sqlstate, false),
+                         CES_PGERR_RETRY);
+    }
+    assert_int_equal(ces_pgerr_classify_event(NULL, true), CES_PGERR_RETRY);
+    assert_int_equal(ces_pgerr_classify_event("", true), CES_PGERR_RETRY);
+}
+
+/* Blaming the event changes only what would stop ces2pg and is not about ces2pg. */
+static void blame_event_keeps_other_actions(void **state) {
+    (void)state;
+    ces_pgerr_t e = CES_PGERR_INIT;
+    ces_pgerr_set(&e, CES_PGERR_FATAL, -1, "42701", "column \"xmin\" already exists");
+    ces_pgerr_blame_event(&e);
+    assert_int_equal(e.action, CES_PGERR_DATA);
+    assert_int_equal(e.failed_item, -1);
+    ces_pgerr_clear(&e);
+    ces_pgerr_set(&e, CES_PGERR_FATAL, -1, "57P04", "database dropped");
+    ces_pgerr_blame_event(&e);
+    assert_int_equal(e.action, CES_PGERR_FATAL);
+    ces_pgerr_clear(&e);
+    ces_pgerr_set(&e, CES_PGERR_FATAL, -1, NULL, "out of memory"); /* no SQLSTATE: ces2pg's */
+    ces_pgerr_blame_event(&e);
+    assert_int_equal(e.action, CES_PGERR_FATAL);
+    ces_pgerr_clear(&e);
+    ces_pgerr_set(&e, CES_PGERR_STALE, 2, "42703", "column does not exist");
+    ces_pgerr_blame_event(&e);
+    assert_int_equal(e.action, CES_PGERR_STALE);
+    ces_pgerr_clear(&e);
+    ces_pgerr_set(&e, CES_PGERR_RETRY, 2, "40P01", "deadlock");
+    ces_pgerr_blame_event(&e);
+    assert_int_equal(e.action, CES_PGERR_RETRY);
+}
+
+/* The retry counter's labels: each a reason apply.h lists. */
+static void retry_reasons(void **state) {
+    (void)state;
+    static const struct {
+        ces_pgerr_action_t action;
+        const char *sqlstate, *reason;
+    } cases[] = {
+        {CES_PGERR_RETRY, "40001", "conflict"},   {CES_PGERR_RETRY, "40P01", "conflict"},
+        {CES_PGERR_RETRY, "55P03", "timeout"},    {CES_PGERR_RETRY, "57014", "timeout"},
+        {CES_PGERR_RETRY, "53300", "resources"},  {CES_PGERR_RETRY, "57P01", "connection"},
+        {CES_PGERR_RETRY, "08006", "connection"}, {CES_PGERR_RETRY, NULL, "connection"},
+        {CES_PGERR_STALE, "42703", "table_changed"},
+    };
+    static const char *const known[] = CES_APPLY_RETRY_REASONS;
+    assert_int_equal(sizeof(known) / sizeof(known[0]), CES_APPLY_NRETRY_REASONS);
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        ces_pgerr_t e = CES_PGERR_INIT;
+        ces_pgerr_set(&e, cases[i].action, -1, cases[i].sqlstate, "x");
+        const char *got = ces_pgerr_retry_reason(&e);
+        assert_string_equal(got, cases[i].reason);
+        bool listed = false;
+        for (size_t k = 0; k < CES_APPLY_NRETRY_REASONS; k++)
+            listed = listed || strcmp(known[k], got) == 0;
+        assert_true(listed);
+    }
 }
 
 static void only_data_errors_undo_only_the_step(void **state) {
@@ -258,6 +368,9 @@ int main(void) {
                                        cmocka_unit_test(connect_failures),
                                        cmocka_unit_test(connect_texts_decide),
                                        cmocka_unit_test(ddl_race_set),
+                                       cmocka_unit_test(event_classification_table),
+                                       cmocka_unit_test(blame_event_keeps_other_actions),
+                                       cmocka_unit_test(retry_reasons),
                                        cmocka_unit_test(only_data_errors_undo_only_the_step),
                                        cmocka_unit_test(record_keeps_the_first_error),
                                        cmocka_unit_test(error_of_a_failed_connection)};
