@@ -255,6 +255,39 @@ static void counts_each_of_many_interleaved_tables(void **state) {
 
 static char path[64];
 
+/* A stretch of retries is counted by reason, makes the process not ready at once, and not alive
+ * once it has lasted longer than the liveness age, though the loop still turns; a success ends it. */
+static void retries_are_counted_and_are_no_progress(void **state) {
+    (void)state;
+    ces_metrics_t *m = ces_metrics_new();
+    assert_non_null(m);
+    ces_metrics_set_connected(m, true);
+    ces_metrics_set_assigned(m, 4);
+    ces_metrics_heartbeat(m, 1000);
+    assert_true(ces_metrics_ready(m));
+    assert_true(ces_metrics_alive(m, 1000, 30000));
+    ces_metrics_retrying(m, "timeout", 1000);
+    ces_metrics_retrying(m, "timeout", 3000);
+    ces_metrics_retrying(m, "no such reason", 5000);
+    assert_false(ces_metrics_ready(m));
+    /* The loop keeps turning while it retries: alive until the stretch is older than the age. */
+    ces_metrics_heartbeat(m, 30000);
+    assert_true(ces_metrics_alive(m, 30000, 30000));
+    ces_metrics_heartbeat(m, 31500);
+    assert_false(ces_metrics_alive(m, 31500, 30000));
+    char *page = NULL;
+    size_t len = 0;
+    assert_int_equal(ces_metrics_render(m, &page, &len), 0);
+    assert_non_null(strstr(page, "ces2pg_postgres_retries_total{reason=\"timeout\"} 2\n"));
+    assert_non_null(strstr(page, "ces2pg_postgres_retries_total{reason=\"unknown\"} 1\n"));
+    free(page);
+    /* A success ends the stretch: ready and alive again, the count kept. */
+    ces_metrics_retrying(m, NULL, 32000);
+    assert_true(ces_metrics_ready(m));
+    assert_true(ces_metrics_alive(m, 32000, 30000));
+    ces_metrics_destroy(m);
+}
+
 static void write_file(char *name, const char *text) {
     int fd = mkstemp(name);
     assert_true(fd >= 0);
@@ -322,6 +355,7 @@ int main(void) {
         cmocka_unit_test(renders_bounded_labels),
         cmocka_unit_test(counts_each_of_many_interleaved_tables),
         cmocka_unit_test(expands_environment_and_reads_secrets),
+        cmocka_unit_test(retries_are_counted_and_are_no_progress),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
