@@ -8,49 +8,19 @@ held on the table, with lock_timeout) backs off, counts itself in
 ces2pg_postgres_retries_total{reason}, makes /readyz 503 while it lasts and ends with SIGTERM."""
 
 import contextlib
-import json
 import time
 
 import psycopg2
 
 from harness.common import free_port, wait_until
 from harness.daemon import parse_replay_summary, run_replay
-from harness.events import write_records
+from harness.events import event_record as record, write_records
 from harness.metrics import http_get, metric, scrape
 from harness.progress import wait_applied
 from harness.tables import fetch_table
 
 GROUP = "ces2pg-test"
 ROLE = "ces2pg_hostile"
-
-_lsn = iter(range(0x100, 0x100000))
-
-
-def record(table, cols, current, pk, op="INS", schema="dbo"):
-    """One CES insert in a transaction of its own. cols: [(name, type)]."""
-    n = next(_lsn)
-    data = {
-        "eventsource": {
-            "db": "Shop", "schema": schema, "tbl": table,
-            "cols": [{"name": c, "type": t, "index": i} for i, (c, t) in enumerate(cols)],
-            "pkkey": [{"columnname": k, "value": current[k]} for k in pk],
-            "transaction": {"commitlsn": f"00000001:{n:08X}:0001",
-                            "beginlsn": f"00000001:{n:08X}:0000",
-                            "sequencenumber": 1, "finalevent": True,
-                            "committime": "2026-02-11T10:42:18.377Z"},
-        },
-        "eventrow": {"old": "{}", "current": json.dumps(current)},
-    }
-    ev = {
-        "specversion": "1.0", "type": "com.microsoft.SQL.CES.DML.V1",
-        "source": "/", "id": f"00000000-0000-0000-0000-{n:012x}",
-        "logicalid": f"c5f33283-8041-4d35-b4e8-9ff51b849d2a:00000001{n:08X}0001:"
-                     "00000000000000000001",
-        "time": "2026-02-11T10:42:18.377Z",
-        "datacontenttype": "application/json", "operation": op,
-        "segmentindex": 0, "finalsegment": True, "data": json.dumps(data),
-    }
-    return json.dumps(ev, separators=(",", ":")).encode()
 
 
 def ordinary(n):

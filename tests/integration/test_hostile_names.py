@@ -7,49 +7,11 @@ merged (class name_collision). Each case replays a few records and then one
 ordinary event, which must be applied, and replay must end by itself."""
 
 import contextlib
-import json
 from pathlib import Path
 
 from harness.daemon import parse_replay_summary, run_replay
-from harness.events import write_records
+from harness.events import event_record as record, write_records
 from harness.tables import fetch_table
-
-_lsn = iter(range(0x100, 0x100000))
-
-
-def record(table, cols, current, pk, op="INS", old=None, schema="dbo",
-           db="Shop"):
-    """One CES record: a transaction of its own. cols: [(name, type)];
-    current and old: {name: value}; pk: the key's column names."""
-    n = next(_lsn)
-    lsn = f"00000001:{n:08X}:0001"
-    image = current if op != "DEL" else old
-    data = {
-        "eventsource": {
-            "db": db, "schema": schema, "tbl": table,
-            "cols": [{"name": c, "type": t, "index": i}
-                     for i, (c, t) in enumerate(cols)],
-            "pkkey": [{"columnname": k, "value": image[k]} for k in pk],
-            "transaction": {"commitlsn": lsn,
-                            "beginlsn": f"00000001:{n:08X}:0000",
-                            "sequencenumber": 1, "finalevent": True,
-                            "committime": "2026-02-11T10:42:18.377Z"},
-        },
-        "eventrow": {
-            "old": json.dumps(old or {}),
-            "current": json.dumps(current if op != "DEL" else {}),
-        },
-    }
-    ev = {
-        "specversion": "1.0", "type": "com.microsoft.SQL.CES.DML.V1",
-        "source": "/", "id": f"00000000-0000-0000-0000-{n:012x}",
-        "logicalid": f"c5f33283-8041-4d35-b4e8-9ff51b849d2a:00000001{n:08X}0001:"
-                     "00000000000000000001",
-        "time": "2026-02-11T10:42:18.377Z",
-        "datacontenttype": "application/json", "operation": op,
-        "segmentindex": 0, "finalsegment": True, "data": json.dumps(data),
-    }
-    return json.dumps(ev, separators=(",", ":")).encode()
 
 
 def ordinary(n):
