@@ -170,10 +170,10 @@ ces_apply_status_t ces_apply_read_positions(ces_apply_t *a, const char *topic,
             return CES_APPLY_OK;
         }
         if (e.action != CES_PGERR_RETRY) {
-            snprintf(errstr, errstr_size, "reading stored offsets: %s", e.message);
+            snprintf(errstr, errstr_size, "reading stored positions: %s", e.message);
             return CES_APPLY_FATAL;
         }
-        ces_log_warning("reading stored offsets: %s (retrying)", e.message);
+        ces_log_warning("reading stored positions: %s (retrying)", e.message);
         ces_session_disconnect(a->session);
         if (ces_session_backoff_sleep(a->session, ces_session_backoff_next(
                                                       a->session, ces_pgerr_retry_reason(&e))) !=
