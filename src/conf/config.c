@@ -7,9 +7,11 @@
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "conf/secret.h"
 #include "util/array.h"
+#include "util/clock.h"
 #include "util/log.h"
 
 typedef enum { KEY_STRING, KEY_INT, KEY_BOOL, KEY_STRING_LIST } key_type_t;
@@ -297,30 +299,6 @@ nomem:
     return -1;
 }
 
-/* "8 days", "12 h", "90 minutes", "30 s" -> seconds. Returns 0, or -1 when malformed. */
-static int parse_duration(const char *text, int64_t *seconds) {
-    static const struct {
-        const char *unit;
-        int64_t factor;
-    } units[] = {{"s", 1},         {"sec", 1},     {"second", 1},  {"seconds", 1},
-                 {"min", 60},      {"minute", 60}, {"minutes", 60}, {"h", 3600},
-                 {"hour", 3600},   {"hours", 3600}, {"d", 86400},   {"day", 86400},
-                 {"days", 86400}};
-    char *end;
-    long long n = strtoll(text, &end, 10);
-    if (end == text || n < 0 || n > 100000000)
-        return -1;
-    while (*end == ' ')
-        end++;
-    for (size_t i = 0; i < sizeof(units) / sizeof(units[0]); i++) {
-        if (strcmp(end, units[i].unit) == 0) {
-            *seconds = (int64_t)n * units[i].factor;
-            return 0;
-        }
-    }
-    return -1;
-}
-
 /* Line of a key in the file, or of its group, or 1: for error messages. */
 static int line_of(config_t *cfg, const char *name) {
     config_setting_t *s = config_lookup(cfg, name);
@@ -393,7 +371,7 @@ static int validate_apply(ces_config_t *c, config_t *cfg, const char *file, char
                       "(%lld): the window starts at the one and grows up to the other",
                       (long long)c->apply_reorder_window_max_ms,
                       (long long)c->apply_reorder_window_ms);
-    if (parse_duration(c->apply_tombstone_retention, &c->apply_tombstone_retention_s) != 0)
+    if (ces_clock_parse_duration(c->apply_tombstone_retention, &c->apply_tombstone_retention_s) != 0)
         return refuse(cfg, file, "apply.tombstone_retention", errstr, errstr_size,
                       "apply.tombstone_retention must be a number and a unit, like \"8 days\" "
                       "(seconds, minutes, hours, days)");
@@ -634,6 +612,30 @@ static int check_required(config_t *cfg, ces_config_mode_t mode, const char *pat
     return 0;
 }
 
+/* A file that holds a secret in its own text (not a ${NAME} reference, not a *_file key) must be
+ * as private as a secret file. */
+static int refuse_loose_file(config_t *cfg, const char *path, char *errstr, size_t errstr_size) {
+    const char *key = NULL, *v;
+    if (config_lookup_string(cfg, "kafka.eventhubs_connection_string", &v) &&
+        ces_secret_connection_string_literal(v))
+        key = "kafka.eventhubs_connection_string";
+    else if (config_lookup_string(cfg, "postgres.conninfo", &v) && ces_secret_conninfo_literal(v))
+        key = "postgres.conninfo";
+    config_setting_t *props = config_lookup(cfg, "kafka.properties");
+    for (int i = 0; key == NULL && props != NULL && i < config_setting_length(props); i++) {
+        const char *item = config_setting_get_string_elem(props, (unsigned)i);
+        if (item != NULL && ces_secret_property_literal(item))
+            key = "kafka.properties";
+    }
+    struct stat st;
+    if (key == NULL || stat(path, &st) != 0 || ces_secret_private(&st))
+        return 0;
+    char what[512];
+    snprintf(what, sizeof(what), "%s:%d: %s", path, line_of(cfg, key), key);
+    ces_secret_explain_loose(what, path, &st, errstr, errstr_size);
+    return -1;
+}
+
 ces_config_status_t ces_config_load(const char *path, ces_config_mode_t mode, ces_config_t **out,
                                     char *errstr, size_t errstr_size) {
     ces_config_status_t status = CES_CONFIG_ERROR;
@@ -662,6 +664,7 @@ ces_config_status_t ces_config_load(const char *path, ces_config_mode_t mode, ce
     }
 
     if (read_settings(c, &cfg, path, errstr, errstr_size) != 0 ||
+        refuse_loose_file(&cfg, path, errstr, errstr_size) != 0 ||
         check_required(&cfg, mode, path, errstr, errstr_size) != 0)
         goto done;
     if (settle_kafka_security(c, &cfg, path, errstr, errstr_size) != 0 ||
@@ -683,21 +686,6 @@ done:
     ces_config_destroy(c);
     config_destroy(&cfg);
     return status;
-}
-
-bool ces_config_is_secret_property(const char *name, size_t len) {
-    static const char *const words[] = {"password", "secret", "key", "token", "jaas"};
-    char lower[128];
-    if (len >= sizeof(lower))
-        len = sizeof(lower) - 1;
-    for (size_t i = 0; i < len; i++)
-        lower[i] = (char)((name[i] >= 'A' && name[i] <= 'Z') ? name[i] + 32 : name[i]);
-    lower[len] = '\0';
-    for (size_t i = 0; i < sizeof(words) / sizeof(words[0]); i++) {
-        if (strstr(lower, words[i]) != NULL)
-            return true;
-    }
-    return false;
 }
 
 void ces_config_print(const ces_config_t *c, FILE *out) {
@@ -727,7 +715,7 @@ void ces_config_print(const ces_config_t *c, FILE *out) {
                 const char *item = l->items[j];
                 size_t name_len = strcspn(item, "=");
                 /* librdkafka properties may carry credentials: show only their names. */
-                if (props && ces_config_is_secret_property(item, name_len))
+                if (props && ces_secret_property_name(item, name_len))
                     fprintf(out, "%s\"%.*s=(secret)\"", j ? ", " : " ", (int)name_len, item);
                 else
                     fprintf(out, "%s\"%s\"", j ? ", " : " ", item);

@@ -113,8 +113,6 @@ ces_config_status_t ces_config_load(const char *path, ces_config_mode_t mode, ce
 
 void ces_config_destroy(ces_config_t *config);
 
-/* True when a librdkafka property name (name[0..len)) may hold a credential and must not be shown. */
-bool ces_config_is_secret_property(const char *name, size_t len);
 
 /* Calls fn for every key whose value differs between a and b, saying whether SIGHUP may change
  * it. */

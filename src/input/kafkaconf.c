@@ -5,6 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "conf/secret.h"
+
 /* A property and its value. */
 typedef struct {
     const char *name;
@@ -140,7 +142,7 @@ static int set_property(rd_kafka_conf_t *conf, const ces_config_t *config, const
     char err[512];
     if (rd_kafka_conf_set(conf, name, item + name_len + 1, err, sizeof(err)) != RD_KAFKA_CONF_OK) {
         /* err may quote the value, which may be a secret: name the property only. */
-        bool secret = ces_config_is_secret_property(name, strlen(name));
+        bool secret = ces_secret_property_name(name, strlen(name));
         snprintf(errstr, errstr_size, "%s:%d: kafka.properties: %s", config->path, line,
                  secret ? "invalid value for a credential property" : err);
         if (secret)

@@ -12,4 +12,8 @@
 /* Milliseconds of CLOCK_MONOTONIC. Any thread. */
 int64_t ces_clock_now_ms(void);
 
+/* A duration written for people ("8 days", "12 h", "90 minutes", "30 s") in seconds, in *seconds.
+ * Returns 0, or -1 when malformed. */
+int ces_clock_parse_duration(const char *text, int64_t *seconds);
+
 #endif

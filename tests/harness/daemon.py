@@ -100,8 +100,20 @@ _cfg_counter = itertools.count(1)
 
 
 def write_config(directory, text, name=None):
-    """Writes a config file into directory (a new name unless given); returns its path."""
+    """Writes a config file into directory (a new name unless given), private
+    as a file that may hold a secret must be (ces2pg refuses it otherwise);
+    returns its path."""
     path = Path(directory) / (name or f"ces2pg-{next(_cfg_counter)}.conf")
+    write_secret(path, text)
+    return path
+
+
+def write_secret(path, text):
+    """Writes a file only its owner may read (mode 0600), as ces2pg wants a
+    file that holds a secret; returns its path."""
+    path = Path(path)
+    path.touch(mode=0o600)
+    path.chmod(0o600)
     path.write_text(text)
     return path
 

@@ -5,7 +5,8 @@ runs Event Hubs mode against Apache Kafka.)"""
 
 import time
 
-from harness.daemon import EX_CONFIG, cfg_str, make_config, run_ces2pg, write_config
+from harness.daemon import (EX_CONFIG, cfg_str, make_config, run_ces2pg, write_config,
+                            write_secret)
 
 CONNINFO = "host=127.0.0.1 port=1 dbname=nowhere user=postgres"
 KEY = "c2VjcmV0LWtleS1vZi10aGUtdGVzdHM9PT09PT09PT0="
@@ -40,7 +41,7 @@ def test_brokers_given_win(tmp_path):
 
 def test_connection_string_file_is_trimmed(tmp_path):
     secret = tmp_path / "eventhubs.secret"
-    secret.write_text(f"\n  {CONN}  \r\n")
+    write_secret(secret, f"\n  {CONN}  \r\n")
     _, rc, out, err = check(tmp_path, [
         f"eventhubs_connection_string_file = {cfg_str(secret)};"])
     assert rc == 0, err
@@ -60,7 +61,7 @@ def test_connection_string_file_missing(tmp_path):
 
 def test_connection_string_file_empty(tmp_path):
     empty = tmp_path / "empty.secret"
-    empty.write_text(" \n")
+    write_secret(empty, " \n")
     _, rc, _, err = check(tmp_path, [
         f"eventhubs_connection_string_file = {cfg_str(empty)};"])
     assert rc == EX_CONFIG, err
@@ -69,7 +70,7 @@ def test_connection_string_file_empty(tmp_path):
 
 def test_both_sources_refused(tmp_path):
     secret = tmp_path / "eventhubs.secret"
-    secret.write_text(CONN)
+    write_secret(secret, CONN)
     _, rc, _, err = check(tmp_path, [
         f"eventhubs_connection_string = {cfg_str(CONN)};",
         f"eventhubs_connection_string_file = {cfg_str(secret)};"])
@@ -132,3 +133,57 @@ def test_unreachable_broker_is_retried(db, broker, ces2pg, tmp_path):
     log = daemon.log()
     assert "sasl.password" in log, "librdkafka printed no configuration"
     assert KEY not in log and "SharedAccessKey" not in log, log[-2000:]
+
+
+def test_loose_secret_file_refused(tmp_path):
+    """A connection string file its group or others may read is refused (as
+    libpq refuses a loose ~/.pgpass), with the fix, never the secret."""
+    secret = write_secret(tmp_path / "eventhubs.secret", CONN)
+    secret.chmod(0o644)
+    path, rc, _, err = check(tmp_path, [
+        f"eventhubs_connection_string_file = {cfg_str(secret)};"])
+    assert rc == EX_CONFIG, err
+    assert f"{path}:" in err and "kafka.eventhubs_connection_string_file" in err, err
+    assert "readable by its group or others (mode 0644)" in err, err
+    assert f"chmod 600 '{secret}'" in err, err
+    secret.chmod(0o640)  # group-readable is loose unless root owns the file
+    _, rc, _, err = check(tmp_path, [
+        f"eventhubs_connection_string_file = {cfg_str(secret)};"])
+    assert rc == (0 if secret.stat().st_uid == 0 else EX_CONFIG), err
+
+
+def test_loose_configuration_with_a_secret_refused(tmp_path, monkeypatch):
+    """A configuration file that holds a secret in its own text must be as
+    private as a secret file; one that refers to the environment need not."""
+    for line, key in ((f"eventhubs_connection_string = {cfg_str(CONN)};",
+                       "kafka.eventhubs_connection_string"),):
+        path, rc, _, _ = check(tmp_path, [line])
+        assert rc == 0
+        path.chmod(0o644)
+        rc, out, err = run_ces2pg(["--check-config", "-c", path])
+        assert rc == EX_CONFIG, err
+        assert f"{key}: '{path}' holds a secret" in err, err
+        assert KEY not in out + err
+    monkeypatch.setenv("CES_TEST_EH_KEY", KEY)
+    by_reference = CONN.replace(KEY, "${CES_TEST_EH_KEY}")
+    path, _, _, _ = check(tmp_path, [
+        f"eventhubs_connection_string = {cfg_str(by_reference)};"])
+    path.chmod(0o644)
+    rc, out, err = run_ces2pg(["--check-config", "-c", path])
+    assert rc == 0, err
+    for conninfo, loose in ((CONNINFO + " password=hunter2", True),
+                            ("postgresql://u:hunter2@127.0.0.1:1/db", True),
+                            (CONNINFO + " password=${CES_TEST_EH_KEY}", False)):
+        path, rc, _, err = check(tmp_path, [], broker="127.0.0.1:1", conninfo=conninfo)
+        assert rc == 0, err
+        path.chmod(0o644)
+        rc, out, err = run_ces2pg(["--check-config", "-c", path])
+        assert rc == (EX_CONFIG if loose else 0), (conninfo, err)
+        assert "hunter2" not in out + err
+        if loose:
+            assert "postgres.conninfo: " in err and "chmod 600" in err, err
+    path, rc, _, err = check(tmp_path, [], broker="127.0.0.1:1",
+                             properties=("sasl.password=hunter2",))
+    path.chmod(0o644)
+    rc, out, err = run_ces2pg(["--check-config", "-c", path])
+    assert rc == EX_CONFIG and "kafka.properties: " in err, err

@@ -19,7 +19,7 @@ import psycopg2
 import pytest
 
 from harness.common import CES2PG, ROOT, child_env, free_port, wait_until
-from harness.daemon import make_config, write_config
+from harness.daemon import make_config, write_config, write_secret
 from harness.events import example_record, generate, read_records, stream_partitions
 from harness.metrics import http_get, metric, metric_sum, parse_metrics, scrape
 from harness.mockbroker import PacedProducer, produce_placed
@@ -456,7 +456,7 @@ def test_tls_verify_full_with_password_file_and_env(
     b = broker(partitions=1)
     creds = tmp_path / "credentials"
     creds.mkdir()
-    (creds / "pg-password").write_text(PG_PASSWORD + "\n")
+    write_secret(creds / "pg-password", PG_PASSWORD + "\n")
     # The port comes from the environment; the password file from systemd's
     # credentials directory (a relative path is looked up there).
     monkeypatch.setenv("CES_TEST_PG_PORT", str(tls_pg.port))
@@ -518,7 +518,7 @@ def _run(args, env=None, timeout=60):
 def test_tls_failures_stop_with_a_clear_error(tmp_path, tls_pg, broker, case):
     b = broker(partitions=1)
     pw = tmp_path / "pw"
-    pw.write_text(PG_PASSWORD if case == "wrong_ca" else "not-the-" + PG_PASSWORD)
+    write_secret(pw, PG_PASSWORD if case == "wrong_ca" else "not-the-" + PG_PASSWORD)
     ca = "other-ca.crt" if case == "wrong_ca" else "test-ca.crt"
     text = make_config(None, b, group=GROUP, log_level="debug",
                        conninfo=tls_conninfo(tls_pg, ca))
@@ -588,7 +588,7 @@ def test_compose_file_is_valid(tmp_path):
     yaml = pytest.importorskip("yaml")
     spec = yaml.safe_load(compose.read_text())
     services = spec["services"]
-    assert set(services) == {"postgres", "kafka", "ces2pg", "ces-gen"}
+    assert set(services) == {"postgres", "kafka", "ces2pg", "ces-gen", "credentials"}
     assert services["kafka"]["image"].startswith("apache/kafka:")
     assert "broker,controller" in services["kafka"]["environment"][
         "KAFKA_PROCESS_ROLES"]
@@ -598,19 +598,32 @@ def test_compose_file_is_valid(tmp_path):
             assert dep in services, (name, dep)
         for vol in svc.get("volumes", []):
             src = vol.split(":", 1)[0]
-            assert (compose.parent / src).exists(), vol
+            assert src in spec["volumes"] or (compose.parent / src).exists(), vol
     for secret in spec.get("secrets", {}).values():
         assert (compose.parent / secret["file"]).exists(), secret
+    # ces2pg logs in as the least-privilege role the postgres service makes,
+    # with a password only its user may read (compose mounts secrets with the
+    # host file's mode, so the credentials service copies it, 0400).
+    assert "ces2pg-role.sh" in " ".join(services["postgres"]["volumes"])
+    initdb = (compose.parent / "initdb-ces2pg.sh").read_text()
+    assert "CREATE ROLE ces2pg LOGIN PASSWORD" in initdb
+    assert "SUPERUSER" not in initdb.replace("no superuser", "")
+    credentials = services["credentials"]
+    assert credentials["entrypoint"][:5] == ["install", "-m", "0400", "-o", "ces2pg"]
+    assert services["ces2pg"]["depends_on"]["credentials"]["condition"] == \
+        "service_completed_successfully"
+    assert "user=ces2pg" in (compose.parent / "ces2pg.compose.conf").read_text()
     # The configuration it mounts is one ces2pg accepts.
     creds = tmp_path / "secrets"
     creds.mkdir()
-    shutil.copy(compose.parent / "demo-pg-password.txt", creds / "pg-password")
+    write_secret(creds / "pg-password",
+                 (compose.parent / "demo-ces2pg-password.txt").read_text())
     env = child_env()
     env["CREDENTIALS_DIRECTORY"] = str(creds)
     rc, out, err = _run(["--check-config", "-c",
                          compose.parent / "ces2pg.compose.conf"], env=env)
     assert rc == 0, err
-    assert "ces2pg-demo-only" not in out + err
+    assert "ces2pg-role-demo-only" not in out + err
     # Then Compose itself: it must accept the file, resolve what it refers to,
     # and reject a broken copy (so a linter that accepts anything fails here).
     compose_cmd = _compose_command()
