@@ -20,6 +20,7 @@ Environment: CES2PG_KAFKA_DIR keeps the kafka broker's directory there
 (default: a temporary directory, removed at the end).
 """
 
+import contextlib
 import itertools
 import os
 import re
@@ -86,12 +87,55 @@ def pg():
 _db_counter = itertools.count(1)
 
 
+# CES2PG_TEST_PG_ROLE=least runs ces2pg, and the test's own sessions, as the
+# least-privilege role README describes ("The PostgreSQL role ces2pg needs"):
+# a login with CREATE on the test's database, nothing more. The test's sessions
+# take that role too (SET ROLE), so that the tables a test makes belong to it,
+# as targets ces2pg made itself would.
+LEAST_ROLE = "ces2pg_suite"
+
+
+class LeastPrivilegeDatabase(Database):
+    """A Database whose ces2pg and whose test sessions act as LEAST_ROLE."""
+
+    def __init__(self, server, name, tmp_path):
+        super().__init__(server, name, tmp_path)
+        self.superuser_conninfo = self.conninfo
+        self.conninfo = self.conninfo.replace(f"user={server.user}", f"user={LEAST_ROLE}")
+
+    def connect(self):
+        conn = super().connect()
+        with conn.cursor() as cur:
+            cur.execute(f"SET ROLE {LEAST_ROLE}")
+        return conn
+
+    def query(self, sql, args=None):
+        with contextlib.closing(self.connect()) as conn:
+            with conn.cursor() as cur:
+                cur.execute(sql, args)
+                return cur.fetchall() if cur.description else None
+
+
+def least_privilege_database(pg, name, tmp_path):
+    pg.sql(f"""DO $$ BEGIN
+        CREATE ROLE {LEAST_ROLE} LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE;
+    EXCEPTION WHEN duplicate_object THEN NULL; END $$""")
+    pg.sql(f'GRANT CREATE ON DATABASE "{name}" TO {LEAST_ROLE}')
+    pg.sql(f"GRANT CREATE ON SCHEMA public TO {LEAST_ROLE}", dbname=name)
+    database = LeastPrivilegeDatabase(pg, name, tmp_path)
+    assert database.scalar("SELECT current_user") == LEAST_ROLE
+    return database
+
+
 @pytest.fixture
 def db(pg, tmp_path):
     """A fresh database for one test (dropped afterwards)."""
     name = f"test_{os.getpid()}_{next(_db_counter)}"
     pg.sql(f'CREATE DATABASE "{name}"')
-    yield Database(pg, name, tmp_path)
+    if os.environ.get("CES2PG_TEST_PG_ROLE") == "least":
+        yield least_privilege_database(pg, name, tmp_path)
+    else:
+        yield Database(pg, name, tmp_path)
     try:
         pg.sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
     except psycopg2.Error as e:  # a lingering connection must not fail a test
@@ -241,3 +285,9 @@ def topic(kafka_logs, request):
         return kafka_logs.create_topic(name, partitions)
 
     return create
+
+
+# The identity service's fixtures (Microsoft Entra ID): harness.identity_fixtures.
+from harness.identity_fixtures import (  # noqa: E402,F401
+    entra_pg_role, identity_server, identity_service, kafka_oauth,
+    kafka_oauth_logs)

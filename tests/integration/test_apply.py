@@ -206,8 +206,8 @@ def statement_sums(db, pattern, columns):
     """Sums of pg_stat_statements columns (expressions) over the statements of this database whose
     text matches pattern (SQL LIKE); it counts each execution as it ends."""
     sums = ", ".join(f"coalesce(sum({c}), 0)" for c in columns)
+    db.server.sql("CREATE EXTENSION IF NOT EXISTS pg_stat_statements", dbname=db.name)
     with db.connect() as conn, conn.cursor() as cur:
-        cur.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
         cur.execute(f"SELECT {sums} FROM pg_stat_statements s JOIN pg_database d "
                     "ON d.oid = s.dbid WHERE d.datname = current_database() AND s.query LIKE %s",
                     (pattern,))
@@ -615,8 +615,8 @@ def test_a_commit_whose_answer_is_lost_is_not_applied_twice(tmp_path, db, broker
     cutter = CommitCutter(db.server)
     try:
         b = broker(partitions=1)
-        conninfo = f"host=127.0.0.1 port={cutter.port} dbname={db.name} " \
-                   f"user={db.server.user} sslmode=disable"
+        conninfo = re.sub(r"port=\d+", f"port={cutter.port}",
+                          re.sub(r"host=\S+", "host=127.0.0.1", db.conninfo)) + " sslmode=disable"
         daemon = ces2pg(db, b, group=GROUP, conninfo=conninfo)
         b.produce("ces", rows(range(0, 3)), partition=0)
         wait_applied(db, GROUP, {0: 3}, daemons=[daemon])
@@ -675,14 +675,16 @@ def test_lock_timeout_is_retried(tmp_path, db):
 
 def test_wrong_password(tmp_path, db):
     secret = "s3cr3t-but-wrong"
-    db.query("CREATE ROLE ces2pg_pw LOGIN PASSWORD 'right'")
+    admin = db.server.sql
+    admin("CREATE ROLE ces2pg_pw LOGIN PASSWORD 'right'")
     # The test server trusts every local login: require a password for this role only.
     hba = db.server.pgdata / "pg_hba.conf"
     original = hba.read_text()
     hba.write_text("host all ces2pg_pw 127.0.0.1/32 scram-sha-256\n" + original)
-    db.query("SELECT pg_reload_conf()")
+    admin("SELECT pg_reload_conf()")
     try:
-        conninfo = db.conninfo.replace("user=postgres", f"user=ces2pg_pw password={secret}")
+        conninfo = re.sub(r"user=\S+", f"user=ces2pg_pw password={secret}", db.conninfo)
+        assert "user=ces2pg_pw" in conninfo
         path = tmp_path / "one.jsonl"
         write_records(path, [ces_record("T", [("Id", "int")], "INS", {"Id": "1"}, pk=["Id"])])
         rc, out, err = run_replay(db, [path], conninfo=conninfo, timeout=30)
@@ -691,8 +693,8 @@ def test_wrong_password(tmp_path, db):
         assert secret not in err + out
     finally:
         hba.write_text(original)
-        db.query("SELECT pg_reload_conf()")
-        db.query("DROP ROLE IF EXISTS ces2pg_pw")
+        admin("SELECT pg_reload_conf()")
+        admin("DROP ROLE IF EXISTS ces2pg_pw")
 
 
 def test_metadata_schema_and_no_auto_create(tmp_path, db):
