@@ -73,6 +73,18 @@ static size_t utf8_char(const unsigned char *p, size_t len) {
     return n;
 }
 
+/* The characters that reorder or break what a terminal or a log viewer shows without being seen
+ * themselves: the bidirectional marks, embeddings, overrides and isolates (U+200E, U+200F,
+ * U+202A-U+202E, U+2066-U+2069: "Trojan Source") and the line and paragraph separators (U+2028,
+ * U+2029). p[0..n) is one UTF-8 character. */
+static bool is_invisible_format(const unsigned char *p, size_t n) {
+    if (n != 3 || p[0] != 0xE2)
+        return false;
+    if (p[1] == 0x80)
+        return p[2] == 0x8E || p[2] == 0x8F || (p[2] >= 0xA8 && p[2] <= 0xAE);
+    return p[1] == 0x81 && p[2] >= 0xA6 && p[2] <= 0xA9;
+}
+
 /* One unit of the escape: the character or byte at p[0..len) (len > 0) as it is written, in
  * out (at most 8 characters, not NUL-terminated). Returns how many bytes of p it stands for, and
  * sets *out_len. */
@@ -91,6 +103,12 @@ static size_t escape_unit(const unsigned char *p, size_t len, char out[8], size_
         }
         if (p[0] < 0x20 || p[0] == 0x7F)
             escaped = 1;
+    }
+    if (escaped == 0 && is_invisible_format(p, n)) {
+        unsigned cp = ((p[0] & 0x0Fu) << 12) | ((p[1] & 0x3Fu) << 6) | (p[2] & 0x3Fu);
+        snprintf(out, 8, "\\u%04x", cp);
+        *out_len = 6;
+        return n;
     }
     if (escaped == 0) {
         memcpy(out, p, n);

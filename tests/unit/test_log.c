@@ -26,6 +26,16 @@ static size_t unescape(const char *text, unsigned char *out) {
         p++;
         if (*p == '\\' || *p == 'n' || *p == 'r' || *p == 't') {
             out[n++] = *p == 'n' ? '\n' : *p == 'r' ? '\r' : *p == 't' ? '\t' : '\\';
+        } else if (*p == 'u') {
+            unsigned int cp;
+            char hex[5] = {p[1], p[2], p[3], p[4], '\0'};
+            assert_true(strspn(hex, "0123456789abcdef") == 4);
+            sscanf(hex, "%x", &cp);
+            assert_true(cp >= 0x800);
+            out[n++] = (unsigned char)(0xE0 | (cp >> 12));
+            out[n++] = (unsigned char)(0x80 | ((cp >> 6) & 0x3F));
+            out[n++] = (unsigned char)(0x80 | (cp & 0x3F));
+            p += 4;
         } else {
             assert_int_equal(*p, 'x');
             unsigned int b;
@@ -104,6 +114,30 @@ static void c1_escaped(void **state) {
     }
     /* CSI (U+009B) starts a terminal sequence like ESC [ does. */
     assert_string_equal(ESC("x\xc2\x9b" "2Jy"), "x\\xc2\\x9b2Jy");
+}
+
+/* Characters that reorder or break what is shown without being seen ("Trojan Source"): a
+ * right-to-left override in a table name must not make a log line read otherwise. */
+static void invisible_format_characters_escaped(void **state) {
+    (void)state;
+    static const unsigned int escaped_cps[] = {0x200E, 0x200F, 0x2028, 0x2029, 0x202A, 0x202B,
+                                               0x202C, 0x202D, 0x202E, 0x2066, 0x2067, 0x2068,
+                                               0x2069};
+    for (size_t i = 0; i < sizeof(escaped_cps) / sizeof(escaped_cps[0]); i++) {
+        unsigned int cp = escaped_cps[i];
+        char in[3] = {(char)(0xE0 | (cp >> 12)), (char)(0x80 | ((cp >> 6) & 0x3F)),
+                      (char)(0x80 | (cp & 0x3F))};
+        char want[8];
+        snprintf(want, sizeof(want), "\\u%04x", cp);
+        assert_string_equal(escaped(in, 3), want);
+        assert_false(ces_log_is_plain(in, 3));
+        unsigned char back[8];
+        assert_int_equal(unescape(want, back), 3);
+        assert_memory_equal(back, in, 3);
+    }
+    assert_string_equal(ESC("users\xe2\x80\xae" "txt.exe"), "users\\u202etxt.exe");
+    /* Their neighbours stay as they are. */
+    assert_string_equal(ESC("\xe2\x80\x8d\xe2\x80\xaf\xe2\x81\xa5"), "\xe2\x80\x8d\xe2\x80\xaf\xe2\x81\xa5");
 }
 
 static void invalid_utf8_escaped(void **state) {
@@ -237,6 +271,7 @@ int main(void) {
         cmocka_unit_test(every_byte_alone),
         cmocka_unit_test(utf8_multibyte_kept),
         cmocka_unit_test(c1_escaped),
+        cmocka_unit_test(invisible_format_characters_escaped),
         cmocka_unit_test(invalid_utf8_escaped),
         cmocka_unit_test(escape_reads_back),
         cmocka_unit_test(cut_to_fit_whole_units),
