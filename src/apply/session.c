@@ -86,8 +86,38 @@ static void notice_processor(void *arg, const char *message) {
         ces_log_debug("postgres: %s", message);
 }
 
+/* What PQexec would return, with the wait in ces_session_await_result, so that a statement (DDL
+ * waiting on a lock included) is cancelled when a stop request outlives the grace period. The
+ * first error wins: PostgreSQL runs nothing after it in one query string. NULL when the query
+ * could not be sent. */
+static PGresult *exec_and_wait(ces_session_t *s, const char *sql, int nparams,
+                               const char *const *params) {
+    int sent = nparams < 0 ? PQsendQuery(s->conn, sql)
+                           : PQsendQueryParams(s->conn, sql, nparams, NULL, params, NULL, NULL, 0);
+    if (sent != 1)
+        return NULL;
+    PGresult *kept = NULL, *r;
+    for (;;) {
+        ces_session_await_result(s);
+        if ((r = PQgetResult(s->conn)) == NULL)
+            break;
+        ExecStatusType st = PQresultStatus(r);
+        ExecStatusType kept_st = kept != NULL ? PQresultStatus(kept) : PGRES_COMMAND_OK;
+        if (kept_st != PGRES_COMMAND_OK && kept_st != PGRES_TUPLES_OK &&
+            kept_st != PGRES_EMPTY_QUERY) {
+            PQclear(r);
+            continue;
+        }
+        PQclear(kept);
+        kept = r;
+        if (st == PGRES_COPY_IN || st == PGRES_COPY_OUT || st == PGRES_COPY_BOTH)
+            break; /* no COPY goes through here; its state would never end this loop */
+    }
+    return kept;
+}
+
 int ces_session_exec(ces_session_t *s, const char *sql, ces_pgerr_t *e) {
-    PGresult *r = PQexec(s->conn, sql);
+    PGresult *r = exec_and_wait(s, sql, -1, NULL);
     int rc = 0;
     ExecStatusType st = PQresultStatus(r);
     if (st != PGRES_COMMAND_OK && st != PGRES_TUPLES_OK) {
@@ -100,7 +130,7 @@ int ces_session_exec(ces_session_t *s, const char *sql, ces_pgerr_t *e) {
 
 PGresult *ces_session_query(ces_session_t *s, const char *sql, int nparams,
                             const char *const *params, ces_pgerr_t *e) {
-    PGresult *r = PQexecParams(s->conn, sql, nparams, NULL, params, NULL, NULL, 0);
+    PGresult *r = exec_and_wait(s, sql, nparams < 0 ? 0 : nparams, params);
     ExecStatusType st = PQresultStatus(r);
     if (st == PGRES_TUPLES_OK || st == PGRES_COMMAND_OK)
         return r;

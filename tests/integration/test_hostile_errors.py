@@ -215,3 +215,30 @@ def test_sigterm_cancels_a_statement_that_lasts(tmp_path, db, broker, ces2pg):
     assert "cancelling the statement" in daemon.log()
     assert db.scalar("SELECT count(*) FROM dbo.slow") == 0
     assert db.scalar("SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'PgSleep'") == 0
+
+
+def test_sigterm_cancels_ddl_waiting_on_a_lock(tmp_path, db, broker, ces2pg):
+    """A new column arrives while the application holds the table locked: the
+    ALTER TABLE ces2pg sends waits on the lock. SIGTERM stops ces2pg all the
+    same: DDL goes through the same wait as the batch's statements, cancelled
+    after the 5 s grace, and ces2pg exits 0 with the column not added."""
+    b = broker(partitions=1)
+    daemon = ces2pg(db, b, group=GROUP)
+    b.produce("ces", [two_ints("locked", 1)], partition=0)
+    wait_applied(db, GROUP, {0: 1}, daemons=[daemon])
+    with contextlib.closing(db.connect()) as holder:
+        holder.autocommit = False
+        with holder.cursor() as cur:
+            cur.execute("LOCK TABLE dbo.locked IN ACCESS EXCLUSIVE MODE")
+        b.produce("ces", [two_ints("locked", 2, extra="w")], partition=0)
+        wait_until(lambda: db.scalar(
+            "SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'ALTER TABLE%%'"
+            " AND wait_event_type = 'Lock'") > 0, 30, message="the ALTER TABLE waits")
+        started = time.monotonic()
+        assert daemon.terminate(timeout=30) == 0
+        assert time.monotonic() - started < 15
+        holder.rollback()
+    assert "cancelling the statement" in daemon.log()
+    assert db.scalar("SELECT count(*) FROM information_schema.columns"
+                     " WHERE table_name = 'locked' AND column_name = 'w'") == 0
+    assert db.scalar("SELECT v FROM dbo.locked") == 1

@@ -2,6 +2,7 @@
  * configuration: ${ENV} references, secret files and $CREDENTIALS_DIRECTORY. */
 #include "test_util.h"
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "conf/config.h"
@@ -305,6 +306,7 @@ static void expands_environment_and_reads_secrets(void **state) {
     assert_non_null(f);
     fputs("  s3cret-pw \n", f);
     fclose(f);
+    assert_int_equal(chmod(secret, 0600), 0); /* a secret others may read is refused */
     setenv("CREDENTIALS_DIRECTORY", dir, 1);
     setenv("CES_TEST_HOST", "db.example", 1);
     strcpy(path, "/tmp/ces2pg-test-XXXXXX");
