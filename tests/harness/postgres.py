@@ -147,6 +147,51 @@ class Postgres:
         assert r.returncode == 0, r.stdout + r.stderr
         self.started = True
 
+    def _hba_rule(self, role):
+        name = '"' + role.replace('"', '""') + '"'
+        return "".join(f"{kind} all {name} {addr} scram-sha-256 # ces2pg-test password\n"
+                       for kind, addr in (("local", ""), ("host", "127.0.0.1/32"),
+                                          ("host", "::1/128")))
+
+    def require_password(self, role):
+        """Makes role log in with its password (scram-sha-256) instead of the
+        cluster's trust, over TCP and the socket: pg_hba.conf rules in front of
+        the others, in force when this returns. Other roles keep trust."""
+        hba = self.pgdata / "pg_hba.conf"
+        text = hba.read_text()
+        rule = self._hba_rule(role)
+        if rule not in text:
+            hba.write_text(rule + text)  # in place: the server's user keeps it
+        self._reload_hba(role, required=True)
+
+    def stop_requiring_password(self, role):
+        """Undoes require_password(role)."""
+        hba = self.pgdata / "pg_hba.conf"
+        hba.write_text(hba.read_text().replace(self._hba_rule(role), ""))
+        self._reload_hba(role, required=False)
+
+    def _reload_hba(self, role, required):
+        # pg_reload_conf() only signals the postmaster: wait until a login of
+        # the role without a password is asked for one (or no longer is).
+        self.sql("SELECT pg_reload_conf()")
+
+        def in_force():
+            try:
+                psycopg2.connect(host=self.host, port=self.port, dbname=self.dbname,
+                                 user=role, password="", passfile=str(self.dir / "none"),
+                                 connect_timeout=5).close()
+                asked = False
+            except psycopg2.OperationalError as e:
+                asked = "no password supplied" in str(e)
+            return asked == required
+
+        deadline = time.monotonic() + 30
+        while not in_force():
+            assert time.monotonic() < deadline, (
+                f"pg_hba.conf rule for {role} not in force after 30s:\n"
+                + tail_text(self.log_path)[-2000:])
+            time.sleep(0.05)
+
     def cleanup(self):
         self.stop()
         shutil.rmtree(self.dir, ignore_errors=True)

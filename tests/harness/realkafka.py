@@ -6,8 +6,14 @@ of a ces2pg in Event Hubs mode against it.
 
 RealKafka.stop_process() and start_again() stop the broker and run it again
 on the same ports and data (the chaos tier's broker outage).
+
+RealKafka(directory, oauth_jwks_url=...) adds the OAUTH listener (Event Hubs
+with Microsoft Entra ID: SASL_SSL, OAUTHBEARER, tokens checked against that
+JWKS document, as harness.identity's service signs them): its address is
+.oauth, and oauth_config() the settings of a client of it.
 """
 
+import os
 import shutil
 import signal
 import socket
@@ -43,16 +49,30 @@ def missing_tools():
 
 
 class RealKafka:
-    """A broker run by kafka/kafka-broker, with two listeners."""
+    """A broker run by kafka/kafka-broker, with two listeners, or three with
+    OAUTH: oauth_jwks_url enables it (oauth_audience, default the Event Hubs
+    namespace https://ces2pg-test.servicebus.windows.net; oauth_reauth_ms,
+    default 20000: how long a session lasts before the broker wants a new
+    token; oauth_issuer: the iss required, default any)."""
 
-    def __init__(self, directory):
+    def __init__(self, directory, oauth_jwks_url=None, oauth_audience=None,
+                 oauth_reauth_ms=None, oauth_issuer=None):
         self.dir = Path(directory)
         self.log_path = self.dir / "kafka-broker.out"
         self._out = open(self.log_path, "ab")
+        env = dict(os.environ)
+        for name, value in (("KAFKA_OAUTH_JWKS_URL", oauth_jwks_url),
+                            ("KAFKA_OAUTH_AUDIENCE", oauth_audience),
+                            ("KAFKA_OAUTH_REAUTH_MS", oauth_reauth_ms),
+                            ("KAFKA_OAUTH_ISSUER", oauth_issuer)):
+            env.pop(name, None)
+            if value is not None:
+                env[name] = str(value)
         self.proc = subprocess.Popen(
             [str(KAFKA_SCRIPT), "run", str(self.dir)], stdout=self._out,
-            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
         self.env = {}
+        self.oauth = None
         self._admin = None
 
     def wait_ready(self, timeout):
@@ -75,13 +95,17 @@ class RealKafka:
         self.connection_string = Path(
             self.connection_string_file).read_text()
         self.broker_log = self.env["LOG_FILE"]
+        self.oauth = self.env.get("OAUTH_BOOTSTRAP")
+        self.oauth_audience = self.env.get("OAUTH_AUDIENCE")
+        self.oauth_reauth_ms = int(self.env.get("OAUTH_REAUTH_MS") or 0)
 
         from confluent_kafka import KafkaException
         from confluent_kafka.admin import AdminClient
 
         # Listening first (a client would log every refused connection),
-        # then ready when both listeners answer a metadata request.
-        for address in (self.plaintext, self.sasl_ssl):
+        # then ready when both listeners answer a metadata request (OAUTH,
+        # which needs a token, is up with them).
+        for address in filter(None, (self.plaintext, self.sasl_ssl, self.oauth)):
             host, _, port = address.rpartition(":")
 
             def listening():
@@ -133,6 +157,20 @@ class RealKafka:
             "sasl.password": password or self.connection_string,
             "ssl.ca.location": ca_file or self.ca_file,
         }
+
+    def oauth_config(self, ca_file=None, **extra):
+        """librdkafka settings of an Event Hubs client of the OAUTH listener
+        (with Microsoft Entra ID): the token comes from the client's refresh
+        callback (confluent_kafka: extra oauth_cb=...)."""
+        assert self.oauth, "the broker was started without oauth_jwks_url"
+        conf = {
+            "bootstrap.servers": self.oauth,
+            "security.protocol": "SASL_SSL",
+            "sasl.mechanisms": "OAUTHBEARER",
+            "ssl.ca.location": ca_file or self.ca_file,
+        }
+        conf.update(extra)
+        return conf
 
     def create_topic(self, name, partitions):
         from confluent_kafka.admin import NewTopic
@@ -226,6 +264,7 @@ def eventhubs_kafka_lines(kafka, connection_string=None, inline=False,
         else:
             path = Path(tmp_path) / f"conn-{abs(hash(conn)):x}.txt"
             path.write_text(conn + "\n")
+            path.chmod(0o600)  # ces2pg refuses a secret others may read
             source = f"eventhubs_connection_string_file = " \
                      f"{cfg_str(path)};"
     return [source, f"ssl_ca_file = {cfg_str(ca_file or kafka.ca_file)};"]
