@@ -92,6 +92,7 @@ static ces_apply_t *make_apply(const ces_config_t *c, volatile sig_atomic_t *sto
         .tombstone_retention_s = c->apply_tombstone_retention_s,
         .stop_now = stop_now,
         .password = c->pg_password,
+        .password_token = c->pg_token,
         .heartbeat = heartbeat,
         .heartbeat_opaque = opaque,
         .retrying = retrying,
@@ -371,7 +372,7 @@ static ces_daemon_status_t serve(daemon_t *d) {
     }
 }
 
-ces_daemon_status_t ces_daemon_run(const char *path, ces_config_t *config,
+ces_daemon_status_t ces_daemon_run(const char *path, ces_config_t *config, ces_tokens_t *tokens,
                                    const ces_daemon_signals_t *signals) {
     ces_daemon_status_t rc = CES_DAEMON_FAILED;
     daemon_t d = {.path = path,
@@ -398,6 +399,7 @@ ces_daemon_status_t ces_daemon_run(const char *path, ces_config_t *config,
     ces_log_info("decoding records on %zu thread(s) (decode.threads = %lld)", popts.decode_threads,
                  (long long)config->decode_threads);
     ces_metrics_heartbeat(d.metrics, ces_clock_now_ms());
+    ces_tokens_set_metrics(tokens, d.metrics);
     if (set_http(&d, config->http_listen) != 0)
         goto done;
     rc = serve(&d);
@@ -415,6 +417,7 @@ done:
     }
     ces_http_stop(d.http);
     free(d.http_listen);
+    ces_tokens_set_metrics(tokens, NULL);
     ces_pipeline_destroy(d.pipeline);
     ces_apply_destroy(d.apply);
     ces_decoder_destroy(decoder);

@@ -18,6 +18,7 @@
 #include "conf/config.h"
 #include "format/decode.h"
 #include "pipeline/pipeline.h"
+#include "tokens.h"
 
 typedef enum {
     CES_DAEMON_OK = 0,     /* stopped by a signal (what was complete is applied) */
@@ -50,7 +51,7 @@ ces_apply_t *ces_daemon_apply_new(const ces_config_t *config, volatile sig_atomi
  * call; path is read again on SIGHUP): connects to PostgreSQL, joins the consumer group, and runs
  * the loop until a stop signal or a failure, logging what happens. Returns how it ended.
  */
-ces_daemon_status_t ces_daemon_run(const char *path, ces_config_t *config,
+ces_daemon_status_t ces_daemon_run(const char *path, ces_config_t *config, ces_tokens_t *tokens,
                                    const ces_daemon_signals_t *signals);
 
 #endif

@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "daemon.h"
+#include "tokens.h"
 #include "apply/apply.h"
 #include "conf/config.h"
 #include "format/decode.h"
@@ -128,15 +129,29 @@ static void usage(FILE *out) {
             "Options:\n"
             "  -c, --config FILE   configuration file (libconfig syntax; see conf/ces2pg.conf)\n"
             "      --check-config  validate FILE, print the effective settings, exit\n"
+            "      --fetch-tokens  with --check-config: also fetch a Microsoft Entra token for\n"
+            "                      each side whose auth is \"entra\" (proves the identity works)\n"
             "  -V, --version       print the version\n"
             "  -h, --help          print this help\n"
             "\n"
             "Exit status: 0 clean stop (SIGTERM/SIGINT) or successful replay, 64 usage error,\n"
             "65 a gap at the source stopped it (kafka.on_source_gap), or replay --capture could\n"
-            "not read a file to its end (the rest was applied), 78 configuration error,\n"
-            "1 any other fatal error; status: 0 OK, 1 WARNING, 2 CRITICAL, 3 UNKNOWN.\n"
+            "not read a file to its end (the rest was applied), 78 configuration error (Microsoft\n"
+            "Entra ID refusing the identity included), 1 any other fatal error; status: 0 OK,\n"
+            "1 WARNING, 2 CRITICAL, 3 UNKNOWN.\n"
             "See ces2pg(8) and ces2pg.conf(5).\n",
             CES2PG_VERSION);
+}
+
+/* Microsoft Entra ID of the configuration loaded (NULL when no side uses it): its token sources are
+ * in the configuration, so it lives as long as that (release_config). */
+static ces_tokens_t *entra;
+
+/* Frees a configuration of load_config, and its Entra tokens. */
+static void release_config(ces_config_t *config) {
+    ces_config_destroy(config);
+    ces_tokens_destroy(entra);
+    entra = NULL;
 }
 
 /* Loads the configuration and sets the log level; prints the error and returns NULL if invalid. */
@@ -147,11 +162,16 @@ static ces_config_t *load_config(const char *path, ces_config_mode_t mode) {
         fprintf(stderr, "ces2pg: %s\n", err);
         return NULL;
     }
+    if (ces_tokens_attach(config, &entra, err, sizeof(err)) != 0) {
+        fprintf(stderr, "ces2pg: %s\n", err);
+        ces_config_destroy(config);
+        return NULL;
+    }
     if (!ces_apply_conninfo_valid(config->pg_conninfo)) {
         /* libpq's message may quote the string, which may hold a password: say less. */
         fprintf(stderr, "ces2pg: %s: postgres.conninfo is not a valid libpq connection string\n",
                 path);
-        ces_config_destroy(config);
+        release_config(config);
         return NULL;
     }
     ces_log_level_t level;
@@ -163,20 +183,32 @@ static ces_config_t *load_config(const char *path, ces_config_mode_t mode) {
     return config;
 }
 
-static int check_config(const char *path) {
+/* --check-config [--fetch-tokens]: with fetch_tokens, a token for each side that uses Microsoft
+ * Entra ID must be had too (a refusal is a configuration error, an endpoint out of reach 1). */
+static int check_config(const char *path, bool fetch_tokens) {
     ces_config_t *config = load_config(path, CES_CONFIG_DAEMON);
     if (config == NULL)
         return EXIT_CONFIG;
-    char err[1024];
+    char err[2048];
+    int rc = 0;
     if (ces_consumer_check_config(config, err, sizeof(err)) != CES_CONSUMER_OK) {
         fprintf(stderr, "ces2pg: %s\n", err);
-        ces_config_destroy(config);
-        return EXIT_CONFIG;
+        rc = EXIT_CONFIG;
+    } else if (fetch_tokens && ces_tokens_check(entra, stdout, err, sizeof(err)) != 0) {
+        fprintf(stderr, "ces2pg: %s\n", err);
+        rc = ces_tokens_refused(entra) ? EXIT_CONFIG : 1;
+    } else {
+        printf("%s: configuration is valid\n", path);
+        ces_config_print(config, stdout);
     }
-    printf("%s: configuration is valid\n", path);
-    ces_config_print(config, stdout);
-    ces_config_destroy(config);
-    return 0;
+    release_config(config);
+    return rc;
+}
+
+/* A failure that Entra refusing a token caused is a configuration error (a wrong client secret,
+ * an unknown tenant, no such identity): retrying will not help. */
+static int failure_exit(void) {
+    return ces_tokens_refused(entra) ? EXIT_CONFIG : 1;
 }
 
 /* Runs the daemon's pipeline over feed (replay's files, or dead letters to retry) against config's
@@ -279,15 +311,13 @@ static int run_daemon(const char *path) {
     if (config == NULL)
         return EXIT_CONFIG;
     ces_daemon_signals_t signals = {&stop_requested, &reload_requested};
-    ces_daemon_status_t st = ces_daemon_run(path, config, &signals);
-    ces_config_destroy(config);
-    switch (st) {
-    case CES_DAEMON_OK: return 0;
-    case CES_DAEMON_CONFIG: return EXIT_CONFIG;
-    case CES_DAEMON_SOURCE_GAP: return EXIT_SOURCE_GAP;
-    case CES_DAEMON_FAILED: break;
-    }
-    return 1;
+    ces_daemon_status_t st = ces_daemon_run(path, config, entra, &signals);
+    int rc = st == CES_DAEMON_OK            ? 0
+             : st == CES_DAEMON_CONFIG     ? EXIT_CONFIG
+             : st == CES_DAEMON_SOURCE_GAP ? EXIT_SOURCE_GAP
+                                           : failure_exit();
+    release_config(config);
+    return rc;
 }
 
 static int run_replay(const char *path, char *const *files, size_t nfiles, bool capture,
@@ -297,7 +327,7 @@ static int run_replay(const char *path, char *const *files, size_t nfiles, bool 
         return EXIT_CONFIG;
     if (capture) {
         int rc = run_capture(config, files, nfiles, layout);
-        ces_config_destroy(config);
+        release_config(config);
         return rc;
     }
     int rc = 1;
@@ -308,9 +338,11 @@ static int run_replay(const char *path, char *const *files, size_t nfiles, bool 
         ces_feed_t feed;
         ces_replay_feed(replay, &feed);
         rc = run_feed(config, &feed, false, "replay");
+        if (rc == 1)
+            rc = failure_exit();
     }
     ces_replay_destroy(replay);
-    ces_config_destroy(config);
+    release_config(config);
     return rc;
 }
 
@@ -473,8 +505,9 @@ static int run_dead_letters(int argc, char **argv) {
     if (config == NULL)
         return EXIT_CONFIG;
     char err[1024];
-    ces_inspect_options_t io = {config->pg_conninfo, config->pg_password, config->schema_metadata,
-                                config->apply_version_column, config->kafka_group_id};
+    ces_inspect_options_t io = {config->pg_conninfo,           config->pg_password,
+                                config->schema_metadata,       config->apply_version_column,
+                                config->kafka_group_id,        config->pg_token};
     ces_inspect_t *inspect = ces_inspect_open(&io, err, sizeof(err));
     rc = 1;
     if (inspect == NULL) {
@@ -500,7 +533,7 @@ static int run_dead_letters(int argc, char **argv) {
         }
     }
     ces_inspect_close(inspect);
-    ces_config_destroy(config);
+    release_config(config);
     return rc;
 }
 
@@ -518,7 +551,7 @@ static int run_status(int argc, char **argv) {
         return EXIT_CONFIG;
     ces_admin_status_options_t so = {o.json, o.stale_after_s, o.max_lag};
     rc = (int)ces_admin_status(config, &so, stdout, stderr);
-    ces_config_destroy(config);
+    release_config(config);
     return rc;
 }
 
@@ -545,11 +578,11 @@ static int run_adopt(int argc, char **argv) {
     if (!config->apply_lsn_guard) {
         fprintf(stderr, "ces2pg: adopt: %s: apply.lsn_guard is off, so no version is compared and "
                         "adopting changes nothing\n", o.config_path);
-        ces_config_destroy(config);
+        release_config(config);
         return EXIT_CONFIG;
     }
     rc = ces_admin_adopt(config, o.tables, o.ntables, lsn, stdout, stderr);
-    ces_config_destroy(config);
+    release_config(config);
     return rc;
 }
 
@@ -581,10 +614,11 @@ int main(int argc, char **argv) {
         return run_status(argc, argv);
     if (argc > 1 && strcmp(argv[1], "adopt") == 0)
         return run_adopt(argc, argv);
-    enum { OPT_CHECK_CONFIG = 1000, OPT_CAPTURE, OPT_CAPTURE_LAYOUT };
+    enum { OPT_CHECK_CONFIG = 1000, OPT_CAPTURE, OPT_CAPTURE_LAYOUT, OPT_FETCH_TOKENS };
     static const struct option options[] = {
         {"config", required_argument, NULL, 'c'},
         {"check-config", no_argument, NULL, OPT_CHECK_CONFIG},
+        {"fetch-tokens", no_argument, NULL, OPT_FETCH_TOKENS},
         {"capture", no_argument, NULL, OPT_CAPTURE},
         {"capture-layout", required_argument, NULL, OPT_CAPTURE_LAYOUT},
         {"version", no_argument, NULL, 'V'},
@@ -592,12 +626,13 @@ int main(int argc, char **argv) {
         {NULL, 0, NULL, 0},
     };
     const char *config_path = NULL, *layout = NULL;
-    bool check = false, capture = false;
+    bool check = false, capture = false, fetch_tokens = false;
     int opt;
     while ((opt = getopt_long(argc, argv, "c:Vh", options, NULL)) != -1) {
         switch (opt) {
         case 'c': config_path = optarg; break;
         case OPT_CHECK_CONFIG: check = true; break;
+        case OPT_FETCH_TOKENS: fetch_tokens = true; break;
         case OPT_CAPTURE: capture = true; break;
         case OPT_CAPTURE_LAYOUT: layout = optarg; capture = true; break;
         case 'V': printf("ces2pg %s\n", CES2PG_VERSION); return 0;
@@ -633,8 +668,12 @@ int main(int argc, char **argv) {
         fprintf(stderr, "ces2pg: unexpected argument '%s'\nTry 'ces2pg --help'.\n", argv[optind]);
         return EXIT_USAGE;
     }
+    if (fetch_tokens && !check) {
+        fprintf(stderr, "ces2pg: --fetch-tokens goes with --check-config\nTry 'ces2pg --help'.\n");
+        return EXIT_USAGE;
+    }
     if (check)
-        return check_config(config_path);
+        return check_config(config_path, fetch_tokens);
     install_signals(!replay);
     if (replay)
         return run_replay(config_path, argv + optind, (size_t)(argc - optind), capture, layout);

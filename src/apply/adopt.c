@@ -53,7 +53,7 @@ ces_adopt_t *ces_adopt_open(const ces_adopt_options_t *o, char *errstr, size_t e
         snprintf(errstr, errstr_size, "out of memory");
         goto fail;
     }
-    if ((a->session = ces_metadata_connect(a->metadata, o->conninfo, o->password, errstr,
+    if ((a->session = ces_metadata_connect(a->metadata, o->conninfo, o->password, &o->password_token, errstr,
                                            errstr_size)) == NULL)
         goto fail;
     if (make_function(a, errstr, errstr_size) != 0)

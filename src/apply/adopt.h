@@ -29,6 +29,7 @@
 #include <stdint.h>
 
 #include "format/event.h"
+#include "util/token.h"
 
 typedef struct ces_adopt_s ces_adopt_t;
 
@@ -37,6 +38,7 @@ typedef struct {
     const char *password; /* may be NULL (a secret) */
     const char *metadata_schema;
     const char *version_column;
+    ces_token_source_t password_token; /* instead of password when its fetch is set (session.h) */
 } ces_adopt_options_t;
 
 /* Connects (no retry), sets the metadata schema up and makes the trigger's function. Returns the

@@ -93,6 +93,7 @@ ces_apply_t *ces_apply_new(const ces_apply_options_t *o) {
         return NULL;
     ces_session_options_t session = {.conninfo = o->conninfo,
                                      .password = o->password,
+                                     .password_token = o->password_token,
                                      .retry_max_ms = o->retry_max_ms,
                                      .stop_now = o->stop_now,
                                      .heartbeat = o->heartbeat,

@@ -19,6 +19,7 @@
 #include <stdint.h>
 
 #include "order/batch.h"
+#include "util/token.h"
 
 typedef struct {
     const char *conninfo;
@@ -35,6 +36,7 @@ typedef struct {
     volatile sig_atomic_t *stop_now; /* when set, retries give up (the batch stays rolled back) */
     const char *password; /* libpq's password parameter, overriding conninfo's (a secret; may be
                            * NULL) */
+    ces_token_source_t password_token; /* instead of password when its fetch is set (session.h) */
     /* Called when the connection opens or closes, and at every step of a backoff wait (so that a
      * PostgreSQL outage does not look like a stuck process); may be NULL. */
     void (*heartbeat)(void *opaque, bool connected);

@@ -25,7 +25,7 @@ ces_inspect_t *ces_inspect_open(const ces_inspect_options_t *o, char *errstr,
         ces_inspect_close(in);
         return NULL;
     }
-    in->session = ces_metadata_connect(in->metadata, o->conninfo, o->password, errstr,
+    in->session = ces_metadata_connect(in->metadata, o->conninfo, o->password, &o->password_token, errstr,
                                        errstr_size);
     if (in->session == NULL) {
         ces_inspect_close(in);

@@ -13,6 +13,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "util/token.h"
+
 typedef struct ces_inspect_s ces_inspect_t;
 
 typedef struct {
@@ -21,6 +23,7 @@ typedef struct {
     const char *metadata_schema;
     const char *version_column;
     const char *group_id;
+    ces_token_source_t password_token; /* instead of password when its fetch is set (session.h) */
 } ces_inspect_options_t;
 
 /* Connects (no retry). Returns the inspector, or NULL with errstr set. Owned by the caller. */

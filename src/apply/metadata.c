@@ -206,9 +206,12 @@ static int setup_on_connect(void *opaque, ces_session_t *session, ces_pgerr_t *e
 }
 
 ces_session_t *ces_metadata_connect(ces_metadata_t *m, const char *conninfo, const char *password,
-                                    char *errstr, size_t errstr_size) {
+                                    const ces_token_source_t *password_token, char *errstr,
+                                    size_t errstr_size) {
     ces_session_options_t so = {.conninfo = conninfo,
                                 .password = password,
+                                .password_token = password_token ? *password_token
+                                                                 : (ces_token_source_t){0},
                                 .on_connect = setup_on_connect,
                                 .on_connect_opaque = m};
     ces_session_t *session = ces_session_new(&so);

@@ -31,10 +31,13 @@ int ces_metadata_setup(ces_metadata_t *metadata, ces_session_t *session, ces_pge
     __attribute__((warn_unused_result));
 
 /* A session of an operator command's own (no retry, no heartbeat) whose every connection sets the
- * metadata schema up, connected once. Returns it (owned by the caller; metadata is a reference
- * that must outlive it), or NULL with errstr set. */
+ * metadata schema up, connected once, with password or, when password_token (may be NULL) has a
+ * fetch, a token from it. Returns it (owned by the caller; metadata and password_token's opaque
+ * are references that must outlive it), or NULL with errstr set. */
 ces_session_t *ces_metadata_connect(ces_metadata_t *metadata, const char *conninfo,
-                                    const char *password, char *errstr, size_t errstr_size)
+                                    const char *password,
+                                    const ces_token_source_t *password_token, char *errstr,
+                                    size_t errstr_size)
     __attribute__((warn_unused_result));
 
 /* Names quoted for SQL, and the dead-letter INSERT; NULL before the first ces_metadata_setup.

@@ -12,6 +12,7 @@
 struct ces_session_s {
     char *conninfo;
     char *password; /* a secret: never logged */
+    ces_token_source_t password_token;
     int64_t retry_max_ms;
     volatile sig_atomic_t *stop_now;
     void (*heartbeat)(void *opaque, bool connected);
@@ -37,6 +38,7 @@ ces_session_t *ces_session_new(const ces_session_options_t *o) {
     s->retrying = o->retrying;
     s->on_connect = o->on_connect;
     s->on_connect_opaque = o->on_connect_opaque;
+    s->password_token = o->password_token;
     if (s->conninfo == NULL ||
         (o->password != NULL && (s->password = strdup(o->password)) == NULL)) {
         ces_session_destroy(s);
@@ -152,12 +154,34 @@ int ces_session_exec_ddl(ces_session_t *s, const char *sql, ces_pgerr_t *e) {
     return 0;
 }
 
-int ces_session_connect_once(ces_session_t *s, ces_pgerr_t *e) {
-    ces_session_disconnect(s);
+/* Opens s->conn with the password, or with a token from s->password_token (fresh or cached).
+ * Returns 0, or -1 with e set (the connection closed). *refused_token tells a login refused with
+ * a token, which a fresh one may get through. */
+static int open_connection(ces_session_t *s, bool fresh, bool *refused_token, ces_pgerr_t *e) {
+    char *token = NULL;
+    const char *password = s->password;
+    *refused_token = false;
+    if (s->password_token.fetch != NULL) {
+        char err[768];
+        int64_t expires_at_ms;
+        ces_token_status_t ts = s->password_token.fetch(s->password_token.opaque, fresh, &token,
+                                                        &expires_at_ms, err, sizeof(err));
+        if (ts != CES_TOKEN_OK) {
+            ces_pgerr_set(e, ts == CES_TOKEN_RETRY ? CES_PGERR_RETRY : CES_PGERR_FATAL, -1, NULL,
+                          "cannot connect to PostgreSQL: no token from %s: %s",
+                          s->password_token.describe, err);
+            return -1;
+        }
+        password = token;
+    }
     /* The password, when given apart, overrides whatever conninfo says (expand_dbname). */
     const char *const keywords[] = {"dbname", "password", NULL};
-    const char *const values[] = {s->conninfo, s->password, NULL};
+    const char *const values[] = {s->conninfo, password, NULL};
     s->conn = PQconnectdbParams(keywords, values, 1);
+    if (token != NULL) {
+        explicit_bzero(token, strlen(token));
+        free(token);
+    }
     if (s->conn == NULL) {
         ces_pgerr_set(e, CES_PGERR_FATAL, -1, NULL, "out of memory");
         return -1;
@@ -165,10 +189,26 @@ int ces_session_connect_once(ces_session_t *s, ces_pgerr_t *e) {
     s->epoch++;
     if (PQstatus(s->conn) != CONNECTION_OK) {
         const char *msg = PQerrorMessage(s->conn);
+        *refused_token = token != NULL && strstr(msg, "authentication failed") != NULL;
         ces_pgerr_set(e, ces_pgerr_classify_connect_failure(msg), -1, NULL,
                       "cannot connect to PostgreSQL: %s", msg);
         ces_session_disconnect(s);
         return -1;
+    }
+    return 0;
+}
+
+int ces_session_connect_once(ces_session_t *s, ces_pgerr_t *e) {
+    ces_session_disconnect(s);
+    bool refused_token;
+    if (open_connection(s, false, &refused_token, e) != 0) {
+        if (!refused_token)
+            return -1;
+        ces_log_info("PostgreSQL refused the login with a cached token from %s; fetching a fresh "
+                     "one", s->password_token.describe);
+        ces_pgerr_clear(e);
+        if (open_connection(s, true, &refused_token, e) != 0)
+            return -1;
     }
     PQsetNoticeProcessor(s->conn, notice_processor, NULL);
     /* Values arrive as SQL Server text; make their reading independent of the server's defaults.

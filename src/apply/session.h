@@ -21,6 +21,7 @@
 #include <stdint.h>
 
 #include "apply/pgerr.h"
+#include "util/token.h"
 
 /* The backoff: the first wait, then doubling up to postgres.retry_max_ms. */
 #define CES_SESSION_BACKOFF_FIRST_MS 100
@@ -37,6 +38,11 @@ typedef struct {
     const char *conninfo;
     const char *password; /* libpq's password parameter, overriding conninfo's (a secret; may be
                            * NULL) */
+    /* Where the password comes from instead, when its fetch is set: a token fetched before every
+     * connect (from its cache while far from expiry), and once more fresh when PostgreSQL refuses
+     * the login made with a cached one (Azure Database for PostgreSQL checks a token only at
+     * login). Copied; its opaque and describe must outlive the session. */
+    ces_token_source_t password_token;
     int64_t retry_max_ms; /* cap of the backoff */
     volatile sig_atomic_t *stop_now; /* reference; when set, waits end (may be NULL) */
     /* Called when the connection opens or closes, and at every step of a backoff wait (so that a

@@ -14,109 +14,20 @@
 #include "util/clock.h"
 #include "util/log.h"
 
-typedef enum { KEY_STRING, KEY_INT, KEY_BOOL, KEY_STRING_LIST } key_type_t;
+#include "conf/keys.h"
 
-typedef struct {
-    const char *name; /* "group.key" */
-    key_type_t type;
-    size_t offset; /* of the field in ces_config_t */
-    const char *default_value; /* NULL: no default (required, or empty list) */
-    bool required_for_daemon;
-    bool required_for_replay;
-    int64_t min, max; /* KEY_INT bounds */
-    bool reloadable;  /* SIGHUP may change it (RELOAD); others need a restart (RESTART) */
-} key_t_;
-
-#define RELOAD true
-#define RESTART false
-
-#define F(field) offsetof(ces_config_t, field)
-
-/* The single table of configuration keys (documented one by one in conf/ces2pg.conf). */
-static const key_t_ keys[] = {
-    /* Required for the daemon unless an Event Hubs connection string is given (see load). */
-    {"kafka.brokers", KEY_STRING, F(kafka_brokers), NULL, true, false, 0, 0, RESTART},
-    {"kafka.topics", KEY_STRING_LIST, F(kafka_topics), NULL, true, false, 0, 0, RESTART},
-    {"kafka.group_id", KEY_STRING, F(kafka_group_id), "ces2pg", false, false, 0, 0, RESTART},
-    {"kafka.properties", KEY_STRING_LIST, F(kafka_properties), NULL, false, false, 0, 0, RESTART},
-    {"kafka.poll_ms", KEY_INT, F(kafka_poll_ms), "100", false, false, 1, 10000, RESTART},
-    {"kafka.format", KEY_STRING, F(kafka_format), "auto", false, false, 0, 0, RESTART},
-    {"kafka.eventhubs_connection_string", KEY_STRING, F(kafka_eventhubs_connection_string), NULL,
-     false, false, 0, 0, RESTART},
-    {"kafka.eventhubs_connection_string_file", KEY_STRING,
-     F(kafka_eventhubs_connection_string_file), NULL, false, false, 0, 0, RESTART},
-    {"kafka.ssl_ca_file", KEY_STRING, F(kafka_ssl_ca_file), NULL, false, false, 0, 0, RESTART},
-    {"kafka.on_source_gap", KEY_STRING, F(kafka_on_source_gap), "stop", false, false, 0, 0,
-     RESTART},
-    {"kafka.group_instance_id", KEY_STRING, F(kafka_group_instance_id), NULL, false, false, 0, 0,
-     RESTART},
-    {"postgres.conninfo", KEY_STRING, F(pg_conninfo), NULL, true, true, 0, 0, RESTART},
-    {"postgres.password_file", KEY_STRING, F(pg_password_file), NULL, false, false, 0, 0, RESTART},
-    {"postgres.retry_max_ms", KEY_INT, F(pg_retry_max_ms), "30000", false, false, 100, 3600000, RESTART},
-    {"apply.batch_max_events", KEY_INT, F(apply_batch_max_events), "5000", false, false, 1,
-     1000000, RESTART},
-    {"apply.batch_max_bytes", KEY_INT, F(apply_batch_max_bytes), "4194304", false, false, 65536,
-     INT64_C(1) << 34, RESTART},
-    {"apply.batch_max_ms", KEY_INT, F(apply_batch_max_ms), "100", false, false, 0, 600000, RESTART},
-    {"apply.ordering", KEY_STRING, F(apply_ordering), "transaction", false, false, 0, 0, RESTART},
-    {"apply.reorder_window_ms", KEY_INT, F(apply_reorder_window_ms), "200", false, false, 0,
-     600000, RESTART},
-    {"apply.reorder_window_max_ms", KEY_INT, F(apply_reorder_window_max_ms), "5000", false, false,
-     0, 600000, RESTART},
-    {"apply.reorder_window_adaptive", KEY_BOOL, F(apply_reorder_window_adaptive), "true", false,
-     false, 0, 0, RESTART},
-    {"apply.max_pending_events", KEY_INT, F(apply_max_pending_events), "10000", false, false, 100,
-     100000000, RESTART},
-    {"apply.max_pending_bytes", KEY_INT, F(apply_max_pending_bytes), "16777216", false, false,
-     65536, INT64_C(1) << 40, RESTART},
-    {"apply.dedup_window", KEY_INT, F(apply_dedup_window), "100000", false, false, 0, 100000000, RESTART},
-    {"apply.lsn_guard", KEY_BOOL, F(apply_lsn_guard), "true", false, false, 0, 0, RESTART},
-    {"apply.version_column", KEY_STRING, F(apply_version_column), "_ces_lsn", false, false, 0, 0, RESTART},
-    {"apply.tombstone_retention", KEY_STRING, F(apply_tombstone_retention), "8 days", false, false,
-     0, 0, RESTART},
-    {"schema.metadata_schema", KEY_STRING, F(schema_metadata), "ces2pg", false, false, 0, 0, RESTART},
-    {"schema.target", KEY_STRING, F(schema_target), "{schema}.{table}", false, false, 0, 0, RESTART},
-    {"schema.identifier_case", KEY_STRING, F(schema_identifier_case), "lower", false, false, 0, 0, RESTART},
-    {"schema.include", KEY_STRING_LIST, F(schema_include), NULL, false, false, 0, 0, RESTART},
-    {"schema.exclude", KEY_STRING_LIST, F(schema_exclude), NULL, false, false, 0, 0, RESTART},
-    {"schema.auto_create", KEY_BOOL, F(schema_auto_create), "true", false, false, 0, 0, RESTART},
-    {"schema.auto_evolve", KEY_BOOL, F(schema_auto_evolve), "true", false, false, 0, 0, RESTART},
-    {"decode.max_record_bytes", KEY_INT, F(decode_max_record_bytes), "2097152", false, false, 1024,
-     INT64_C(1) << 30, RESTART},
-    {"decode.max_event_bytes", KEY_INT, F(decode_max_event_bytes), "67108864", false, false, 1024,
-     INT64_C(1) << 32, RESTART},
-    {"decode.max_depth", KEY_INT, F(decode_max_depth), "16", false, false, 4, 1000, RESTART},
-    {"decode.max_columns", KEY_INT, F(decode_max_columns), "4096", false, false, 1, 100000, RESTART},
-    {"decode.max_value_bytes", KEY_INT, F(decode_max_value_bytes), "2097152", false, false, 1,
-     INT64_C(1) << 30, RESTART},
-    {"decode.threads", KEY_INT, F(decode_threads), "0", false, false, 0, 64, RESTART},
-    {"reassembly.max_bytes", KEY_INT, F(reassembly_max_bytes), "67108864", false, false, 1024,
-     INT64_C(1) << 34, RESTART},
-    {"reassembly.max_segments", KEY_INT, F(reassembly_max_segments), "4096", false, false, 2,
-     1000000, RESTART},
-    {"reassembly.timeout_ms", KEY_INT, F(reassembly_timeout_ms), "300000", false, false, 10,
-     INT64_C(86400000), RESTART},
-    {"log.level", KEY_STRING, F(log_level), "info", false, false, 0, 0, RELOAD},
-    {"log.format", KEY_STRING, F(log_format), "text", false, false, 0, 0, RELOAD},
-    {"log.progress_interval", KEY_INT, F(log_progress_interval), "10", false, false, 0, 86400,
-     RELOAD},
-    {"http.listen", KEY_STRING, F(http_listen), "127.0.0.1:9187", false, false, 0, 0, RELOAD},
-};
-
-#define NKEYS (sizeof(keys) / sizeof(keys[0]))
-
-static const key_t_ *find_key(const char *name) {
-    for (size_t i = 0; i < NKEYS; i++) {
-        if (strcmp(keys[i].name, name) == 0)
-            return &keys[i];
+static const ces_config_key_t *find_key(const char *name) {
+    for (size_t i = 0; i < ces_config_nkeys; i++) {
+        if (strcmp(ces_config_keys[i].name, name) == 0)
+            return &ces_config_keys[i];
     }
     return NULL;
 }
 
 static bool group_known(const char *group) {
     size_t len = strlen(group);
-    for (size_t i = 0; i < NKEYS; i++) {
-        if (strncmp(keys[i].name, group, len) == 0 && keys[i].name[len] == '.')
+    for (size_t i = 0; i < ces_config_nkeys; i++) {
+        if (strncmp(ces_config_keys[i].name, group, len) == 0 && ces_config_keys[i].name[len] == '.')
             return true;
     }
     return false;
@@ -133,16 +44,18 @@ static void strlist_free(ces_strlist_t *list) {
 void ces_config_destroy(ces_config_t *config) {
     if (config == NULL)
         return;
-    for (size_t i = 0; i < NKEYS; i++) {
-        void *field = (char *)config + keys[i].offset;
-        if (keys[i].type == KEY_STRING)
+    for (size_t i = 0; i < ces_config_nkeys; i++) {
+        void *field = (char *)config + ces_config_keys[i].offset;
+        if (ces_config_keys[i].type == KEY_STRING)
             free(*(char **)field);
-        else if (keys[i].type == KEY_STRING_LIST)
+        else if (ces_config_keys[i].type == KEY_STRING_LIST)
             strlist_free(field);
     }
-    if (config->pg_password != NULL) {
-        explicit_bzero(config->pg_password, strlen(config->pg_password));
-        free(config->pg_password);
+    char *const secrets[] = {config->pg_password, config->identity_client_secret};
+    for (size_t i = 0; i < sizeof(secrets) / sizeof(secrets[0]); i++) {
+        if (secrets[i] != NULL)
+            explicit_bzero(secrets[i], strlen(secrets[i]));
+        free(secrets[i]);
     }
     free(config->path);
     free(config);
@@ -213,7 +126,7 @@ static const char *type_name(key_type_t type) {
 }
 
 /* Stores a value given as text (the table's defaults). */
-static int set_from_text(ces_config_t *config, const key_t_ *key, const char *text) {
+static int set_from_text(ces_config_t *config, const ces_config_key_t *key, const char *text) {
     void *field = (char *)config + key->offset;
     switch (key->type) {
     case KEY_STRING:
@@ -232,7 +145,7 @@ static int set_from_text(ces_config_t *config, const key_t_ *key, const char *te
     return -1;
 }
 
-static int set_from_setting(ces_config_t *config, const key_t_ *key, config_setting_t *s,
+static int set_from_setting(ces_config_t *config, const ces_config_key_t *key, config_setting_t *s,
                             const char *file, char *errstr, size_t errstr_size) {
     void *field = (char *)config + key->offset;
     int line = config_setting_source_line(s);
@@ -461,6 +374,85 @@ static int settle_postgres_password(ces_config_t *c, config_t *cfg, const char *
     return 0;
 }
 
+/* The identity's names as identity/identity.h parses them (conf only checks the word, for the
+ * file and line in the message). */
+static bool identity_source_known(const char *name) {
+    static const char *const names[] = {"auto",          "managed_identity", "app_service",
+                                        "workload_identity", "client_secret", "command"};
+    for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
+        if (strcmp(name, names[i]) == 0)
+            return true;
+    }
+    return false;
+}
+
+/* https://<the first broker's host>/.default: the Event Hubs namespace's scope. */
+static char *scope_of_brokers(const char *brokers) {
+    size_t host = strcspn(brokers, ",:");
+    size_t n = sizeof("https:///.default") + host;
+    char *scope = malloc(n);
+    if (scope != NULL)
+        snprintf(scope, n, "https://%.*s/.default", (int)host, brokers);
+    return scope;
+}
+
+/* Microsoft Entra ID: kafka.auth and postgres.auth with what they need, the Kafka scope derived
+ * from the brokers, the identity's client secret read from its file. Fetches nothing. */
+static int settle_entra(ces_config_t *c, config_t *cfg, const char *file, char *errstr,
+                        size_t errstr_size) {
+    const char *conn = c->kafka_eventhubs_connection_string;
+    if (c->kafka_auth == NULL &&
+        (c->kafka_auth = strdup(conn != NULL ? "connection_string" : "properties")) == NULL)
+        goto nomem;
+    bool kafka_entra = strcmp(c->kafka_auth, "entra") == 0;
+    if (!kafka_entra && !one_of(c->kafka_auth, "connection_string", "properties"))
+        return refuse(cfg, file, "kafka.auth", errstr, errstr_size,
+                      "kafka.auth must be \"entra\", \"connection_string\" or \"properties\"");
+    if ((kafka_entra && conn != NULL) ||
+        (strcmp(c->kafka_auth, "connection_string") == 0 && conn == NULL))
+        return refuse(cfg, file, "kafka.auth", errstr, errstr_size,
+                      "kafka.auth = \"%s\" %s an Event Hubs connection string", c->kafka_auth,
+                      kafka_entra ? "takes no" : "needs");
+    if (kafka_entra && c->kafka_entra_scope == NULL && c->kafka_brokers != NULL &&
+        (c->kafka_entra_scope = scope_of_brokers(c->kafka_brokers)) == NULL)
+        goto nomem;
+    bool pg_entra = strcmp(c->pg_auth, "entra") == 0;
+    if (!pg_entra && strcmp(c->pg_auth, "password") != 0)
+        return refuse(cfg, file, "postgres.auth", errstr, errstr_size,
+                      "postgres.auth must be \"password\" or \"entra\"");
+    if (pg_entra && c->pg_password_file != NULL)
+        return refuse(cfg, file, "postgres.password_file", errstr, errstr_size,
+                      "postgres.auth = \"entra\" takes no password_file: the token is the password");
+    if (!identity_source_known(c->identity_source))
+        return refuse(cfg, file, "identity.source", errstr, errstr_size,
+                      "identity.source must be one of auto, managed_identity, app_service, "
+                      "workload_identity, client_secret, command");
+    bool secret = strcmp(c->identity_source, "client_secret") == 0;
+    if (secret != (c->identity_client_secret_file != NULL))
+        return refuse(cfg, file, secret ? "identity.source" : "identity.client_secret_file", errstr,
+                      errstr_size, "identity.client_secret_file goes with identity.source = "
+                      "\"client_secret\", and only with it (the secret is never inline)");
+    if (strcmp(c->identity_source, "command") == 0 && c->identity_command == NULL)
+        return refuse(cfg, file, "identity.source", errstr, errstr_size,
+                      "identity.source = \"command\" needs identity.command");
+    if (c->identity_client_secret_file != NULL) {
+        int line = line_of(cfg, "identity.client_secret_file");
+        c->identity_client_secret =
+            ces_secret_read_file(file, line, "identity.client_secret_file",
+                                 c->identity_client_secret_file, errstr, errstr_size);
+        if (c->identity_client_secret == NULL)
+            return -1;
+        if (!ces_secret_one_line(c->identity_client_secret))
+            return refuse(cfg, file, "identity.client_secret_file", errstr, errstr_size,
+                          "identity.client_secret_file: the secret must be one line without "
+                          "control characters (the value is not shown)");
+    }
+    return 0;
+nomem:
+    snprintf(errstr, errstr_size, "%s: out of memory", file);
+    return -1;
+}
+
 /* Static group membership: the key, else $CES2PG_GROUP_INSTANCE_ID (which the systemd unit and the
  * compose file set per instance); "" in either turns it off. */
 static int settle_group_instance_id(ces_config_t *c, const char *file, char *errstr,
@@ -576,7 +568,7 @@ static int read_settings(ces_config_t *c, config_t *cfg, const char *path, char 
             config_setting_t *s = config_setting_get_elem(group, (unsigned)k);
             char full[256];
             snprintf(full, sizeof(full), "%s.%s", gname, config_setting_name(s));
-            const key_t_ *key = find_key(full);
+            const ces_config_key_t *key = find_key(full);
             if (key == NULL) {
                 snprintf(errstr, errstr_size, "%s:%d: unknown key '%s'", path,
                          config_setting_source_line(s), full);
@@ -592,18 +584,18 @@ static int read_settings(ces_config_t *c, config_t *cfg, const char *path, char 
 /* Every key mode requires is in the file. Returns 0, or -1 with errstr set. */
 static int check_required(config_t *cfg, ces_config_mode_t mode, const char *path, char *errstr,
                           size_t errstr_size) {
-    for (size_t i = 0; i < NKEYS; i++) {
-        bool required = mode == CES_CONFIG_DAEMON ? keys[i].required_for_daemon
-                                                  : keys[i].required_for_replay;
+    for (size_t i = 0; i < ces_config_nkeys; i++) {
+        bool required = mode == CES_CONFIG_DAEMON ? ces_config_keys[i].required_for_daemon
+                                                  : ces_config_keys[i].required_for_replay;
         /* Event Hubs mode derives kafka.brokers from the connection string. */
-        bool brokers = strcmp(keys[i].name, "kafka.brokers") == 0;
+        bool brokers = strcmp(ces_config_keys[i].name, "kafka.brokers") == 0;
         if (brokers && (config_lookup(cfg, "kafka.eventhubs_connection_string") != NULL ||
                         config_lookup(cfg, "kafka.eventhubs_connection_string_file") != NULL))
             required = false;
-        if (required && config_lookup(cfg, keys[i].name) == NULL) {
+        if (required && config_lookup(cfg, ces_config_keys[i].name) == NULL) {
             /* Point at the group that lacks the key, or at the top of the file. */
             snprintf(errstr, errstr_size, "%s:%d: missing required key '%s'%s", path,
-                     line_of(cfg, keys[i].name), keys[i].name,
+                     line_of(cfg, ces_config_keys[i].name), ces_config_keys[i].name,
                      brokers ? " (or kafka.eventhubs_connection_string, from which it is derived)"
                              : "");
             return -1;
@@ -647,8 +639,8 @@ ces_config_status_t ces_config_load(const char *path, ces_config_mode_t mode, ce
         snprintf(errstr, errstr_size, "%s: out of memory", path);
         goto done;
     }
-    for (size_t i = 0; i < NKEYS; i++) {
-        if (keys[i].default_value != NULL && set_from_text(c, &keys[i], keys[i].default_value) != 0) {
+    for (size_t i = 0; i < ces_config_nkeys; i++) {
+        if (ces_config_keys[i].default_value != NULL && set_from_text(c, &ces_config_keys[i], ces_config_keys[i].default_value) != 0) {
             snprintf(errstr, errstr_size, "%s: out of memory", path);
             goto done;
         }
@@ -669,7 +661,8 @@ ces_config_status_t ces_config_load(const char *path, ces_config_mode_t mode, ce
         goto done;
     if (settle_kafka_security(c, &cfg, path, errstr, errstr_size) != 0 ||
         settle_group_instance_id(c, path, errstr, errstr_size) != 0 ||
-        settle_postgres_password(c, &cfg, path, errstr, errstr_size) != 0)
+        settle_postgres_password(c, &cfg, path, errstr, errstr_size) != 0 ||
+        settle_entra(c, &cfg, path, errstr, errstr_size) != 0)
         goto done;
     if (mode == CES_CONFIG_DAEMON && c->kafka_topics.count == 0) {
         snprintf(errstr, errstr_size, "%s:%d: kafka.topics must name at least one topic", path,
@@ -686,97 +679,4 @@ done:
     ces_config_destroy(c);
     config_destroy(&cfg);
     return status;
-}
-
-void ces_config_print(const ces_config_t *c, FILE *out) {
-    for (size_t i = 0; i < NKEYS; i++) {
-        const void *field = (const char *)c + keys[i].offset;
-        fprintf(out, "%s = ", keys[i].name);
-        switch (keys[i].type) {
-        case KEY_STRING: {
-            const char *v = *(char *const *)field;
-            /* The connection string may carry a password: print its keys, never its values. */
-            if (v != NULL && strcmp(keys[i].name, "postgres.conninfo") == 0)
-                fprintf(out, "(set, %zu characters)\n", strlen(v));
-            else if (strcmp(keys[i].name, "kafka.eventhubs_connection_string") == 0)
-                /* A secret: not even its length. */
-                fprintf(out, "%s\n", v != NULL ? "(set)" : "\"\"");
-            else
-                fprintf(out, "\"%s\"\n", v ? v : "");
-            break;
-        }
-        case KEY_INT: fprintf(out, "%" PRId64 "\n", *(const int64_t *)field); break;
-        case KEY_BOOL: fprintf(out, "%s\n", *(const bool *)field ? "true" : "false"); break;
-        case KEY_STRING_LIST: {
-            const ces_strlist_t *l = field;
-            bool props = strcmp(keys[i].name, "kafka.properties") == 0;
-            fprintf(out, "[");
-            for (size_t j = 0; j < l->count; j++) {
-                const char *item = l->items[j];
-                size_t name_len = strcspn(item, "=");
-                /* librdkafka properties may carry credentials: show only their names. */
-                if (props && ces_secret_property_name(item, name_len))
-                    fprintf(out, "%s\"%.*s=(secret)\"", j ? ", " : " ", (int)name_len, item);
-                else
-                    fprintf(out, "%s\"%s\"", j ? ", " : " ", item);
-            }
-            fprintf(out, " ]\n");
-            break;
-        }
-        }
-    }
-}
-
-void ces_config_diff(const ces_config_t *a, const ces_config_t *b,
-                     void (*fn)(const char *key, bool reloadable, void *arg), void *arg) {
-    for (size_t i = 0; i < NKEYS; i++) {
-        const void *fa = (const char *)a + keys[i].offset, *fb = (const char *)b + keys[i].offset;
-        bool same = true;
-        switch (keys[i].type) {
-        case KEY_STRING: {
-            const char *x = *(char *const *)fa, *y = *(char *const *)fb;
-            same = (x == NULL && y == NULL) || (x != NULL && y != NULL && strcmp(x, y) == 0);
-            break;
-        }
-        case KEY_INT: same = *(const int64_t *)fa == *(const int64_t *)fb; break;
-        case KEY_BOOL: same = *(const bool *)fa == *(const bool *)fb; break;
-        case KEY_STRING_LIST: {
-            const ces_strlist_t *x = fa, *y = fb;
-            same = x->count == y->count;
-            for (size_t j = 0; same && j < x->count; j++)
-                same = strcmp(x->items[j], y->items[j]) == 0;
-            break;
-        }
-        }
-        if (!same)
-            fn(keys[i].name, keys[i].reloadable, arg);
-    }
-}
-
-size_t ces_config_key_count(void) {
-    return NKEYS;
-}
-
-bool ces_config_key_info(size_t index, ces_config_key_info_t *info) {
-    if (index >= NKEYS)
-        return false;
-    const key_t_ *k = &keys[index];
-    static const char *const type_names[] = {
-        [KEY_STRING] = "string",
-        [KEY_INT] = "integer",
-        [KEY_BOOL] = "boolean",
-        [KEY_STRING_LIST] = "list of strings",
-    };
-    *info = (ces_config_key_info_t){
-        .name = k->name,
-        .type = type_names[k->type],
-        .default_value = k->default_value,
-        .required_for_daemon = k->required_for_daemon,
-        .required_for_replay = k->required_for_replay,
-        .has_range = k->type == KEY_INT,
-        .min = k->min,
-        .max = k->max,
-        .reloadable = k->reloadable,
-    };
-    return true;
 }

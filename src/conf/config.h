@@ -18,6 +18,8 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "util/token.h"
+
 typedef struct {
     char **items;
     int *lines; /* line of each item in the file, for error messages */
@@ -43,6 +45,11 @@ typedef struct {
     char *kafka_on_source_gap; /* "stop" or "continue" */
     /* group.instance.id (static membership): the key, else $CES2PG_GROUP_INSTANCE_ID; NULL: none */
     char *kafka_group_instance_id;
+    /* kafka.auth: "entra" (SASL OAUTHBEARER with Microsoft Entra ID tokens), "connection_string"
+     * (Event Hubs' shared key) or "properties" (whatever kafka.properties say); after loading,
+     * never NULL: derived from the connection string when the key is not set. */
+    char *kafka_auth;
+    char *kafka_entra_scope; /* after loading: https://<first broker's host>/.default unless set */
 
     char *pg_conninfo;
     /* postgres.password_file (relative paths are looked up in $CREDENTIALS_DIRECTORY when set) and
@@ -51,6 +58,27 @@ typedef struct {
     char *pg_password_file;
     char *pg_password;
     int64_t pg_retry_max_ms;
+    char *pg_auth;        /* "password" or "entra" (a token as the password, fresh per login) */
+    char *pg_entra_scope; /* Azure Database for PostgreSQL's, unless set */
+
+    /* The identity both sides use with Microsoft Entra ID (identity.*): NULL and 0 mean the
+     * environment variables of Microsoft's SDKs, then the defaults (identity/identity.h). */
+    char *identity_source;
+    char *identity_client_id;
+    char *identity_tenant_id;
+    char *identity_authority_host;
+    char *identity_federated_token_file;
+    char *identity_client_secret_file;
+    char *identity_client_secret; /* read from the file (a secret: never printed or logged) */
+    char *identity_imds_endpoint;
+    char *identity_endpoint;
+    char *identity_command;
+    int64_t identity_timeout_ms;
+    /* Where the tokens come from when kafka.auth or postgres.auth is "entra": set by main.c after
+     * loading (conf fetches nothing); fetch is NULL otherwise. Not keys: never printed, compared
+     * or reloaded. */
+    ces_token_source_t kafka_token;
+    ces_token_source_t pg_token;
 
     int64_t apply_batch_max_events;
     int64_t apply_batch_max_bytes;

@@ -10,6 +10,7 @@
 #include "input/kafkaconf.h"
 #include "input/kafkaerr.h"
 #include "input/nudger.h"
+#include "input/oauth.h"
 #include "util/clock.h"
 #include "util/log.h"
 
@@ -25,7 +26,8 @@ struct ces_consumer_s {
      * Hubs connection string and its SharedAccessKey. Owned; NULL when absent. */
     char *secrets[2];
     char eof_topic[256];
-    char failure[512];
+    char failure[1024];
+    ces_oauth_t *oauth; /* kafka.auth = "entra": the tokens librdkafka asks for; else NULL */
 };
 
 /* in, or a copy in out with every secret of c replaced by "(redacted)". */
@@ -77,6 +79,24 @@ static void error_cb(rd_kafka_t *rk, int err, const char *reason, void *opaque) 
     reason = redact(c, reason, safe, sizeof(safe));
     ces_kafkaerr_class_t cls = ces_kafkaerr_classify((rd_kafka_resp_err_t)err, reason);
     char why[512];
+    if (cls == CES_KAFKAERR_AUTHENTICATION && c->oauth != NULL &&
+        strstr(reason, "Failed to acquire SASL OAUTHBEARER token") != NULL) {
+        /* Our own fetch failed (oauth.c): the identity layer logged why, librdkafka asks again
+         * in 10 s, and a refusal for good is reported by ces_consumer_poll. */
+        ces_log_debug("kafka: %s", reason);
+        return;
+    }
+    if (cls == CES_KAFKAERR_AUTHENTICATION && c->oauth != NULL && !c->failed) {
+        /* Event Hubs and Kafka's validator refuse a token for another audience, or an identity
+         * without the role, the same way: say which audience ces2pg asked for. */
+        c->failed = true;
+        snprintf(c->failure, sizeof(c->failure),
+                 "kafka: the broker refused the Microsoft Entra token (audience %s; check "
+                 "kafka.entra_scope, and that the identity has the role \"Azure Event Hubs Data "
+                 "Receiver\" on the event hub): %s",
+                 ces_oauth_scope(c->oauth), reason);
+        return;
+    }
     if (cls == CES_KAFKAERR_FATAL) {
         rd_kafka_fatal_error(rk, why, sizeof(why));
         reason = redact(c, why, safe, sizeof(safe));
@@ -94,7 +114,15 @@ static void error_cb(rd_kafka_t *rk, int err, const char *reason, void *opaque) 
 static void consumer_free(ces_consumer_t *c) {
     for (size_t i = 0; i < sizeof(c->secrets) / sizeof(c->secrets[0]); i++)
         free(c->secrets[i]);
+    ces_oauth_destroy(c->oauth);
     free(c);
+}
+
+/* librdkafka asks for a token (at start, and at 80% of each one's life). */
+static void token_refresh_cb(rd_kafka_t *rk, const char *oauthbearer_config, void *opaque) {
+    (void)oauthbearer_config;
+    ces_consumer_t *c = opaque;
+    ces_oauth_refresh(c->oauth, rk);
 }
 
 /* A consumer with the secrets of config that the log must never show, or NULL when out of
@@ -102,6 +130,11 @@ static void consumer_free(ces_consumer_t *c) {
 static ces_consumer_t *consumer_alloc(const ces_config_t *config) {
     ces_consumer_t *c = calloc(1, sizeof(*c));
     const char *conn = config->kafka_eventhubs_connection_string;
+    if (c != NULL && config->kafka_token.fetch != NULL &&
+        (c->oauth = ces_oauth_new(&config->kafka_token, config->kafka_entra_scope)) == NULL) {
+        consumer_free(c);
+        return NULL;
+    }
     if (c == NULL || conn == NULL)
         return c;
     if ((c->secrets[0] = strdup(conn)) == NULL) {
@@ -123,6 +156,8 @@ static rd_kafka_conf_t *consumer_conf(ces_consumer_t *c, const ces_config_t *con
     rd_kafka_conf_set_log_cb(conf, log_cb);
     rd_kafka_conf_set_error_cb(conf, error_cb);
     rd_kafka_conf_set_opaque(conf, c);
+    if (c->oauth != NULL)
+        ces_oauth_attach(conf, token_refresh_cb);
     return conf;
 }
 
@@ -285,6 +320,10 @@ ces_consumer_status_t ces_consumer_new(const ces_config_t *config,
         consumer_free(c);
         return CES_CONSUMER_CONFIG;
     }
+    if (c->oauth != NULL && ces_oauth_start(c->rk, errstr, errstr_size) != 0) {
+        ces_consumer_destroy(c);
+        return CES_CONSUMER_FATAL;
+    }
     rd_kafka_poll_set_consumer(c->rk);
     c->queue = rd_kafka_queue_get_consumer(c->rk);
     if (c->queue != NULL)
@@ -330,6 +369,8 @@ ces_poll_status_t ces_consumer_poll(ces_consumer_t *c, int timeout_ms, ces_recor
                                     char *errstr, size_t errstr_size) {
     rd_kafka_message_t *m = rd_kafka_consumer_poll(c->rk, timeout_ms);
     ces_nudger_watch(c->nudger, m != NULL && m->err == RD_KAFKA_RESP_ERR_NO_ERROR ? m : NULL);
+    if (!c->failed && ces_oauth_refused(c->oauth, c->failure, sizeof(c->failure)))
+        c->failed = true;
     if (c->failed) {
         snprintf(errstr, errstr_size, "%s", c->failure);
         if (m != NULL) /* librdkafka does not accept NULL here */
@@ -540,6 +581,8 @@ ces_consumer_status_t ces_consumer_inspect(const ces_config_t *config,
         goto done;
     }
     status = CES_CONSUMER_OK;
+    if (c->oauth != NULL && ces_oauth_start(rk, errstr, errstr_size) != 0)
+        status = CES_CONSUMER_FATAL;
     for (size_t t = 0; t < config->kafka_topics.count && status == CES_CONSUMER_OK; t++)
         status = inspect_topic(rk, config->kafka_topics.items[t], fn, arg, errstr, errstr_size);
     /* Brokers without ListGroups (librdkafka's mock cluster) leave the members unknown; a group

@@ -64,6 +64,20 @@ static const setting_t eventhubs_defaults[] = {
 /* Set from kafka.eventhubs_connection_string; naming them in kafka.properties too is an error. */
 static const char *const eventhubs_reserved[] = {"sasl.username", "sasl.password"};
 
+/* kafka.auth = "entra": OAUTHBEARER with the tokens ces2pg fetches (input/oauth.h). TLS as Event
+ * Hubs wants it; security.protocol may still be set in kafka.properties (a test broker). */
+static const setting_t entra_security[] = {
+    {"security.protocol", "SASL_SSL"},
+    {"sasl.mechanisms", "OAUTHBEARER"},
+};
+
+/* What would fight the tokens ces2pg hands librdkafka: its own OIDC (not in Debian's build), an
+ * unsecured JWT, another mechanism, a password. */
+static const char *const entra_reserved[] = {"sasl.mechanisms", "sasl.mechanism",
+                                             "sasl.oauthbearer.method", "sasl.oauthbearer.config",
+                                             "enable.sasl.oauthbearer.unsecure.jwt",
+                                             "sasl.username", "sasl.password"};
+
 /* Needed by ces2pg itself: the transaction orderer must know when a partition is caught up. */
 static const setting_t forced[] = {
     {"enable.partition.eof", "true"},
@@ -110,6 +124,10 @@ static int set_eventhubs(rd_kafka_conf_t *conf, const ces_config_t *config,
                    errstr_size);
 }
 
+static bool entra(const ces_config_t *config) {
+    return config->kafka_auth != NULL && strcmp(config->kafka_auth, "entra") == 0;
+}
+
 static bool listed(const char *const *names, size_t n, const char *name) {
     for (size_t i = 0; i < n; i++) {
         if (strcmp(name, names[i]) == 0)
@@ -129,6 +147,13 @@ static int set_property(rd_kafka_conf_t *conf, const ces_config_t *config, const
         snprintf(errstr, errstr_size,
                  "%s:%d: kafka.properties: '%s' is set from kafka.eventhubs_connection_string: "
                  "remove one of them",
+                 config->path, line, name);
+        return -1;
+    }
+    if (entra(config) && listed(entra_reserved, COUNT(entra_reserved), name)) {
+        snprintf(errstr, errstr_size,
+                 "%s:%d: kafka.properties: '%s' is set by kafka.auth = \"entra\" (ces2pg fetches "
+                 "the tokens itself: see the identity section): remove it",
                  config->path, line, name);
         return -1;
     }
@@ -172,6 +197,11 @@ rd_kafka_conf_t *ces_kafkaconf_build(const ces_config_t *config, ces_consumer_st
         goto fail;
     if (config->kafka_eventhubs_connection_string != NULL &&
         set_eventhubs(conf, config, status, errstr, errstr_size) != 0)
+        goto fail;
+    if (entra(config) &&
+        (set_own(conf, entra_security, COUNT(entra_security), status, errstr, errstr_size) != 0 ||
+         set_own(conf, eventhubs_defaults, COUNT(eventhubs_defaults), status, errstr,
+                 errstr_size) != 0))
         goto fail;
     if (set_key(conf, config, "kafka.ssl_ca_file", "ssl.ca.location", config->kafka_ssl_ca_file,
                 errstr, errstr_size) != 0)

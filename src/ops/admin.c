@@ -610,8 +610,9 @@ ces_admin_health_t ces_admin_status(const ces_config_t *config,
     char errstr[1024], state[64], why[512];
     int members = -1;
     ces_admin_health_t h = CES_ADMIN_UNKNOWN;
-    ces_inspect_options_t io = {config->pg_conninfo, config->pg_password, config->schema_metadata,
-                                config->apply_version_column, config->kafka_group_id};
+    ces_inspect_options_t io = {config->pg_conninfo,           config->pg_password,
+                                config->schema_metadata,       config->apply_version_column,
+                                config->kafka_group_id,        config->pg_token};
     ces_inspect_t *inspect = ces_inspect_open(&io, errstr, sizeof(errstr));
     if (inspect == NULL) {
         say_error(err, "status", errstr);
@@ -730,7 +731,7 @@ int ces_admin_adopt(const ces_config_t *config, char *const *tables, size_t ntab
                     ces_lsn_t lsn, FILE *out, FILE *err) {
     char why[1024];
     ces_adopt_options_t o = {config->pg_conninfo, config->pg_password, config->schema_metadata,
-                             config->apply_version_column};
+                             config->apply_version_column, config->pg_token};
     adopting_t ad = {.lsn = lsn, .out = out, .err = err};
     if ((ad.adopt = ces_adopt_open(&o, why, sizeof(why))) == NULL) {
         say_error(err, "adopt", why);

@@ -79,7 +79,13 @@ struct ces_metrics_s {
     atomic_ullong fetch_wakeups;
     atomic_llong retry_since_ms; /* the first retry since the last progress; 0: none */
     atomic_ullong retries[CES_APPLY_NRETRY_REASONS + 1]; /* by retry_reasons, then "unknown" */
+    /* Microsoft Entra tokens, by ces_metrics_side_t; a side's series appear once it is used. */
+    atomic_bool token_used[CES_METRICS_NSIDES];
+    atomic_llong token_expires_ms[CES_METRICS_NSIDES]; /* since the epoch; 0: none yet */
+    atomic_ullong token_failures[CES_METRICS_NSIDES];
 };
+
+static const char *const side_names[CES_METRICS_NSIDES] = {"kafka", "postgres"};
 
 static const char *const retry_reasons[CES_APPLY_NRETRY_REASONS] = CES_APPLY_RETRY_REASONS;
 
@@ -104,6 +110,11 @@ ces_metrics_t *ces_metrics_new(void) {
     atomic_init(&m->retry_since_ms, 0);
     for (size_t i = 0; i <= CES_APPLY_NRETRY_REASONS; i++)
         atomic_init(&m->retries[i], 0);
+    for (size_t i = 0; i < CES_METRICS_NSIDES; i++) {
+        atomic_init(&m->token_used[i], false);
+        atomic_init(&m->token_expires_ms[i], 0);
+        atomic_init(&m->token_failures[i], 0);
+    }
     return m;
 }
 
@@ -464,6 +475,40 @@ static void render_retries(ces_metrics_t *m, FILE *out) {
         fprintf(out, "ces2pg_postgres_retries_total{reason=\"unknown\"} %llu\n", unknown);
 }
 
+void ces_metrics_token_used(ces_metrics_t *m, ces_metrics_side_t side) {
+    atomic_store(&m->token_used[side], true);
+}
+
+void ces_metrics_token_fetched(ces_metrics_t *m, ces_metrics_side_t side, int64_t expires_at_ms) {
+    atomic_store(&m->token_expires_ms[side], expires_at_ms);
+}
+
+void ces_metrics_token_failed(ces_metrics_t *m, ces_metrics_side_t side) {
+    atomic_fetch_add(&m->token_failures[side], 1);
+}
+
+/* The Microsoft Entra tokens (lock-free): the families always, series for the sides using them. */
+static void render_tokens(ces_metrics_t *m, FILE *out, const struct timespec *now) {
+    int64_t now_ms = (int64_t)now->tv_sec * 1000 + now->tv_nsec / 1000000;
+    header(out, "ces2pg_identity_token_expiry_seconds", "gauge",
+           "Seconds until the latest Microsoft Entra token of a side (kafka, postgres) expires; "
+           "negative once it has.");
+    for (size_t i = 0; i < CES_METRICS_NSIDES; i++) {
+        int64_t expires = atomic_load(&m->token_expires_ms[i]);
+        if (atomic_load(&m->token_used[i]) && expires > 0)
+            fprintf(out, "ces2pg_identity_token_expiry_seconds{side=\"%s\"} %.3f\n",
+                    side_names[i], (double)(expires - now_ms) / 1000);
+    }
+    header(out, "ces2pg_identity_token_fetch_failures_total", "counter",
+           "Microsoft Entra token fetches that failed (the endpoint unreachable, slow or "
+           "refusing), by side.");
+    for (size_t i = 0; i < CES_METRICS_NSIDES; i++) {
+        if (atomic_load(&m->token_used[i]))
+            fprintf(out, "ces2pg_identity_token_fetch_failures_total{side=\"%s\"} %llu\n",
+                    side_names[i], atomic_load(&m->token_failures[i]));
+    }
+}
+
 /* The gauges (under the lock). */
 static void render_gauges(ces_metrics_t *m, FILE *out) {
     const ces_pipeline_stats_t *st = &m->stats;
@@ -536,6 +581,7 @@ int ces_metrics_render(ces_metrics_t *m, char **out_buf, size_t *out_len) {
     render_gauges(m, out);
     pthread_mutex_unlock(&m->lock);
     render_retries(m, out);
+    render_tokens(m, out, &now);
     if (rss >= 0) {
         header(out, "ces2pg_process_resident_memory_bytes", "gauge",
                "Resident memory of the ces2pg process.");

@@ -41,8 +41,18 @@ typedef struct {
 } ces_metrics_summary_t;
 
 /* NULL when out of memory. */
+/* The two sides that log in (Microsoft Entra tokens are counted by side). */
+typedef enum { CES_METRICS_KAFKA = 0, CES_METRICS_POSTGRES, CES_METRICS_NSIDES } ces_metrics_side_t;
+
 ces_metrics_t *ces_metrics_new(void);
 void ces_metrics_destroy(ces_metrics_t *metrics);
+
+/* Microsoft Entra tokens, from any thread: side logs in with them (its series appear), a token
+ * was fetched that expires at expires_at_ms (since the epoch), a fetch failed. */
+void ces_metrics_token_used(ces_metrics_t *metrics, ces_metrics_side_t side);
+void ces_metrics_token_fetched(ces_metrics_t *metrics, ces_metrics_side_t side,
+                               int64_t expires_at_ms);
+void ces_metrics_token_failed(ces_metrics_t *metrics, ces_metrics_side_t side);
 
 /* A batch was applied (items are now events applied or dead letters) in seconds. Reads the commit
  * time of its last event (the envelope's time) once. Main loop. */

@@ -36,7 +36,8 @@ def cfg_str(value):
 def make_config(db=None, broker=None, group="ces2pg-test", topics=("ces",),
                 properties=None, batch_max_events=None, batch_max_ms=50,
                 log_level="info", extra_config="", conninfo=None,
-                kafka_extra=(), apply_extra=(), http_listen="", decode_threads=2):
+                kafka_extra=(), apply_extra=(), http_listen="", decode_threads=2,
+                postgres_extra=()):
     """Returns the text of a ces2pg config file.
 
     apply_extra: more lines of the apply section, e.g.
@@ -53,6 +54,7 @@ def make_config(db=None, broker=None, group="ces2pg-test", topics=("ces",),
     thread on two CPUs; None leaves the key out). extra_config is appended verbatim; it
     must not repeat a section written here (libconfig rejects duplicates): use the keyword
     arguments for those, or put decode.threads in your own decode section.
+    postgres_extra: more lines of the postgres section, e.g. 'auth = "entra";'.
     """
     if isinstance(topics, str):
         topics = (topics,)
@@ -75,7 +77,8 @@ def make_config(db=None, broker=None, group="ces2pg-test", topics=("ces",),
     if conninfo is None and db is not None:
         conninfo = db.conninfo
     if conninfo is not None:
-        lines += ["postgres = {", f"  conninfo = {cfg_str(conninfo)};", "};"]
+        lines += ["postgres = {", f"  conninfo = {cfg_str(conninfo)};"]
+        lines += [f"  {line}" for line in postgres_extra] + ["};"]
     apply = []
     if batch_max_events is not None:
         apply.append(f"  batch_max_events = {int(batch_max_events)};")

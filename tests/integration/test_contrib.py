@@ -40,6 +40,10 @@ GROUP = "ces2pg-contrib"
 NO_SAMPLES_YET = {
     "ces2pg_transactions_torn_total":
         "a series per partition appears with its first torn transaction",
+    "ces2pg_identity_token_expiry_seconds":
+        "a series per side that logs in with Microsoft Entra ID",
+    "ces2pg_identity_token_fetch_failures_total":
+        "a series per side that logs in with Microsoft Entra ID",
 }
 # Metrics /metrics exports that the dashboard need not show.
 NOT_ON_DASHBOARD = {
