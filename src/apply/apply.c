@@ -44,6 +44,15 @@ struct ces_apply_s {
     attempt_t *async;      /* a batch sent by ces_apply_send, not finished yet */
     uint64_t attempts;     /* attempts begun: the plain-INSERT policy's and missing tables' clock */
     char *metadata_schema; /* its name, unquoted: a 42501 may be about it */
+    /* A table changing underneath inside a streamed transaction loses the transaction, which is
+     * read again from its start: what it has met is kept across those restarts, so that a change
+     * that keeps failing so is found (row by row) and dead-lettered instead of restarting the
+     * stream for ever. Forgotten once a streamed transaction commits. */
+    struct {
+        bool rows;             /* its parts go row by row: the failing change is named */
+        unsigned count;        /* times running the same change (at) failed so */
+        ces_version_t at;
+    } stream_stale;
 };
 
 /* A streamed transaction is open while the connection it began on is. */
@@ -341,6 +350,27 @@ static int attempt_finish(ces_apply_t *a, attempt_t *at) {
     return 0;
 }
 
+/* A table changed underneath inside a streamed transaction, at the same change for the last
+ * CES_APPLY_STALE_TRIES - 1 times it was read again: this time the change is taken for what it
+ * asks (a trigger naming a missing table, ...) and e becomes a data error, which undoes only the
+ * step and dead-letters the change. */
+static void stale_in_stream(ces_apply_t *a, const attempt_t *at, ces_pgerr_t *e) {
+    const ces_batch_t *batch = at->batch;
+    if (at->step == STEP_WHOLE || e->action != CES_PGERR_STALE || e->in_commit ||
+        e->failed_item < 0 || (size_t)e->failed_item >= batch->count ||
+        batch->items[e->failed_item].kind != CES_ITEM_EVENT)
+        return;
+    const ces_version_t *v = &batch->items[e->failed_item].event.version;
+    bool same = a->stream_stale.count > 0 &&
+                ces_lsn_compare(v->commit_lsn, a->stream_stale.at.commit_lsn) == 0 &&
+                v->sequence == a->stream_stale.at.sequence;
+    if (same && a->stream_stale.count + 1 >= CES_APPLY_STALE_TRIES) {
+        a->stream_stale.count = 0;
+        e->action = CES_PGERR_DATA;
+        e->stale_again = true;
+    }
+}
+
 /* After a failed attempt: rolls back what it did. A data error undoes only a stream's step;
  * anything else loses the whole transaction. */
 static void attempt_abandon(attempt_t *at) {
@@ -357,8 +387,10 @@ static void attempt(ces_apply_t *a, ces_batch_t *batch, step_t step, bool bulk,
         ces_pgerr_set(e, CES_PGERR_FATAL, -1, NULL, "out of memory");
         return;
     }
-    if (attempt_send(a, &at) != 0 || attempt_finish(a, &at) != 0)
+    if (attempt_send(a, &at) != 0 || attempt_finish(a, &at) != 0) {
+        stale_in_stream(a, &at, &at.e);
         attempt_abandon(&at);
+    }
     *e = at.e;
     attempt_end(&at);
 }
@@ -428,7 +460,9 @@ static bool reject_failed_item(ces_batch_t *batch, const ces_pgerr_t *e, ces_dl_
         ces_item_t *item = &batch->items[e->failed_item];
         char reason[700];
         snprintf(reason, sizeof(reason), "PostgreSQL rejected the change%s: %s (SQLSTATE %s)",
-                 e->action == CES_PGERR_STALE ? ", its table changing underneath each time" : "",
+                 e->action == CES_PGERR_STALE || e->stale_again
+                     ? ", its table changing underneath each time"
+                     : "",
                  e->message, e->sqlstate);
         ces_log_warning("%s.%s.%s %s at %s[%d]@%lld: %s", item->event.db, item->event.schema,
                         item->event.table, ces_op_name(item->event.op), item->source.topic,
@@ -513,6 +547,25 @@ static bool stale(ces_apply_t *a, ces_batch_t *batch, const ces_pgerr_t *e, retr
                          errstr, errstr_size, status);
 }
 
+/* A table changed underneath a streamed transaction's part (e): counts the change it failed at
+ * (stale_in_stream), and waits as any retry does before the transaction is read again. Returns
+ * true, or false with *status when stopped meanwhile. */
+static bool stream_stale_wait(ces_apply_t *a, const ces_batch_t *batch, const ces_pgerr_t *e,
+                              ces_apply_stats_t *stats, char *errstr, size_t errstr_size,
+                              ces_apply_status_t *status) {
+    if (item_is_event(batch, e->failed_item)) {
+        const ces_version_t *v = &batch->items[e->failed_item].event.version;
+        bool same = a->stream_stale.count > 0 &&
+                    ces_lsn_compare(v->commit_lsn, a->stream_stale.at.commit_lsn) == 0 &&
+                    v->sequence == a->stream_stale.at.sequence;
+        a->stream_stale.count = same ? a->stream_stale.count + 1 : 1;
+        a->stream_stale.at = *v;
+    }
+    a->stream_stale.rows = true;
+    return wait_to_retry(a, e, " (a target table changed underneath; reading the streamed "
+                         "transaction again)", stats, errstr, errstr_size, status);
+}
+
 /* Decides what follows the failed attempt e at batch. Returns true to try again (as r now says),
  * false with *status to give up. */
 static bool retry_after(ces_apply_t *a, ces_batch_t *batch, step_t step, const ces_pgerr_t *e,
@@ -521,7 +574,11 @@ static bool retry_after(ces_apply_t *a, ces_batch_t *batch, step_t step, const c
     if (step != STEP_WHOLE && !ces_pgerr_undoes_only_the_step(e->action) &&
         e->action != CES_PGERR_FENCED && e->action != CES_PGERR_FATAL &&
         !(e->action == CES_PGERR_RETRY && e->in_commit)) {
-        /* The open transaction is gone: what was streamed must be read again. */
+        /* The open transaction is gone: what was streamed must be read again, after a wait when
+         * a table changed underneath (and row by row, to name the change if it happens again). */
+        if (e->action == CES_PGERR_STALE && !stream_stale_wait(a, batch, e, stats, errstr,
+                                                               errstr_size, status))
+            return false;
         snprintf(errstr, errstr_size, "%s", e->message);
         if (!ces_session_connected(a->session) || e->action == CES_PGERR_STALE)
             ces_session_disconnect(a->session);
@@ -573,7 +630,8 @@ static bool retry_after(ces_apply_t *a, ces_batch_t *batch, step_t step, const c
 static ces_apply_status_t apply_step(ces_apply_t *a, ces_batch_t *batch, step_t step,
                                      const ces_pgerr_t *first, ces_apply_stats_t *stats,
                                      char *errstr, size_t errstr_size) {
-    retry_t r = {.bulk = true, .plain_inserts = true, .stale_item = -2};
+    retry_t r = {.bulk = step == STEP_WHOLE || !a->stream_stale.rows, .plain_inserts = true,
+                 .stale_item = -2};
     for (;;) {
         ces_pgerr_t e = CES_PGERR_INIT;
         if (first != NULL) {
@@ -605,8 +663,11 @@ static ces_apply_status_t apply_step(ces_apply_t *a, ces_batch_t *batch, step_t 
             return status;
     }
     ces_session_backoff_reset(a->session);
-    if (step == STEP_LAST)
+    if (step == STEP_LAST) {
         a->stream_epoch = 0;
+        a->stream_stale.rows = false;
+        a->stream_stale.count = 0;
+    }
     count_committed(batch, stats);
     return CES_APPLY_OK;
 }

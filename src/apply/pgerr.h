@@ -74,6 +74,8 @@ typedef struct ces_pgerr_s {
     long failed_item; /* index into the batch, or -1 */
     bool in_commit;   /* the failure hit COMMIT: the outcome is unknown */
     bool in_ddl;      /* the failure was the DDL of failed_item's target table */
+    bool stale_again; /* a table "changed underneath" so often at this change that it is the
+                       * change's (a data error now: apply.c's stale_in_stream) */
     char sqlstate[6]; /* "" when PostgreSQL gave none */
     char message[512];
     struct ces_catalog_table_s *taken; /* CES_PGERR_RETRY_WITH_UPSERTS: reference to the table

@@ -131,10 +131,12 @@ _lsn = iter(range(0x100, 0x100000))
 
 
 def event_record(table, cols, current, pk, op="INS", old=None, schema="dbo",
-                 db="Shop"):
+                 db="Shop", txn=None):
     """One CES record: a transaction of its own. cols: [(name, type)];
-    current and old: {name: value}; pk: the key's column names."""
-    n = next(_lsn)
+    current and old: {name: value}; pk: the key's column names. txn: (its
+    transaction's number, sequence number, final event?) for an event of a
+    transaction of several (transaction_records)."""
+    n, seq, final = txn if txn is not None else (next(_lsn), 1, True)
     lsn = f"00000001:{n:08X}:0001"
     image = current if op != "DEL" else old
     data = {
@@ -145,7 +147,7 @@ def event_record(table, cols, current, pk, op="INS", old=None, schema="dbo",
             "pkkey": [{"columnname": k, "value": image[k]} for k in pk],
             "transaction": {"commitlsn": lsn,
                             "beginlsn": f"00000001:{n:08X}:0000",
-                            "sequencenumber": 1, "finalevent": True,
+                            "sequencenumber": seq, "finalevent": final,
                             "committime": "2026-02-11T10:42:18.377Z"},
         },
         "eventrow": {
@@ -155,11 +157,19 @@ def event_record(table, cols, current, pk, op="INS", old=None, schema="dbo",
     }
     ev = {
         "specversion": "1.0", "type": "com.microsoft.SQL.CES.DML.V1",
-        "source": "/", "id": f"00000000-0000-0000-0000-{n:012x}",
+        "source": "/", "id": f"00000000-0000-{seq:04x}-0000-{n:012x}",
         "logicalid": f"c5f33283-8041-4d35-b4e8-9ff51b849d2a:00000001{n:08X}0001:"
-                     "00000000000000000001",
+                     f"{seq:020d}",
         "time": "2026-02-11T10:42:18.377Z",
         "datacontenttype": "application/json", "operation": op,
         "segmentindex": 0, "finalsegment": True, "data": json.dumps(data),
     }
     return json.dumps(ev, separators=(",", ":")).encode()
+
+
+def transaction_records(events):
+    """The records of one source transaction: events is a list of
+    event_record's positional arguments (table, cols, current, pk)."""
+    n = next(_lsn)
+    return [event_record(*args, txn=(n, i + 1, i + 1 == len(events)))
+            for i, args in enumerate(events)]

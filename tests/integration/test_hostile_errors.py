@@ -14,7 +14,7 @@ import psycopg2
 
 from harness.common import free_port, wait_until
 from harness.daemon import parse_replay_summary, run_replay
-from harness.events import event_record as record, write_records
+from harness.events import event_record as record, transaction_records, write_records
 from harness.metrics import http_get, metric, scrape
 from harness.progress import wait_applied
 from harness.tables import fetch_table
@@ -242,3 +242,35 @@ def test_sigterm_cancels_ddl_waiting_on_a_lock(tmp_path, db, broker, ces2pg):
     assert db.scalar("SELECT count(*) FROM information_schema.columns"
                      " WHERE table_name = 'locked' AND column_name = 'w'") == 0
     assert db.scalar("SELECT v FROM dbo.locked") == 1
+
+
+def test_a_change_that_keeps_failing_inside_a_streamed_transaction(tmp_path, db, broker, ces2pg):
+    """A source transaction larger than a batch is streamed into one open PostgreSQL transaction.
+    One of its changes meets a trigger that names a missing table (42P01, which looks like a
+    table changed underneath): the stream is read again after a wait, counted, and the change that
+    keeps failing is dead-lettered, so the rest of the transaction commits and the stream goes on."""
+    db.query("CREATE SCHEMA dbo")
+    db.query("CREATE TABLE dbo.lost (id int PRIMARY KEY, v int)")
+    db.query("""CREATE FUNCTION dbo.lose() RETURNS trigger LANGUAGE plpgsql AS
+                $$ BEGIN INSERT INTO dbo.nowhere VALUES (1); RETURN NEW; END $$""")
+    db.query("CREATE TRIGGER lose BEFORE INSERT ON dbo.lost"
+             " FOR EACH ROW EXECUTE FUNCTION dbo.lose()")
+    cols = [("OrderId", "int"), ("Customer", "nvarchar(50)")]
+    events = [("Orders", cols, {"OrderId": str(i), "Customer": f"c{i}"}, ["OrderId"])
+              for i in range(1, 251)]
+    events.insert(170, ("lost", [("id", "int"), ("v", "int")], {"id": "1", "v": "1"}, ["id"]))
+    b = broker(partitions=1)
+    port = free_port()
+    # More events than may be held: the transaction is streamed, 50 events a part.
+    daemon = ces2pg(db, b, group=GROUP, batch_max_events=50, http_listen=f"127.0.0.1:{port}",
+                    apply_extra=["max_pending_events = 100;"])
+    b.produce("ces", transaction_records(events) + [ordinary(1000)], partition=0)
+    wait_applied(db, GROUP, {0: 252}, daemons=[daemon], timeout=90)
+    assert "streaming" in daemon.log().lower(), daemon.log()[-3000:]
+    got = dead_letters(db)
+    assert len(got) == 1 and "42P01" in got[0][1], got
+    assert_ordinary_applied(db, *range(1, 251), 1000)
+    assert db.scalar("SELECT count(*) FROM dbo.lost") == 0
+    retries = metric(scrape(port), "ces2pg_postgres_retries_total", reason="table_changed")
+    assert retries >= 2, retries
+    assert daemon.terminate() == 0
