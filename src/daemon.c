@@ -59,6 +59,8 @@ void ces_daemon_pipeline_options(const ces_config_t *c, bool store_positions,
     o->reasm.max_bytes = (size_t)c->reassembly_max_bytes;
     o->reasm.max_segments = (size_t)c->reassembly_max_segments;
     o->reasm.timeout_ms = c->reassembly_timeout_ms;
+    o->reasm.max_groups = (size_t)c->reassembly_max_groups;
+    o->reasm.max_logicalid_bytes = (size_t)c->reassembly_max_logicalid_bytes;
     o->ordering = strcmp(c->apply_ordering, "partition") == 0 ? CES_ORDER_BY_PARTITION
                                                               : CES_ORDER_BY_TRANSACTION;
     o->reorder_window_ms = c->apply_reorder_window_ms;

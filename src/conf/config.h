@@ -112,6 +112,8 @@ typedef struct {
 
     int64_t reassembly_max_bytes;
     int64_t reassembly_max_segments;
+    int64_t reassembly_max_groups;
+    int64_t reassembly_max_logicalid_bytes;
     int64_t reassembly_timeout_ms;
 
     char *log_level;

@@ -164,3 +164,29 @@ def test_overlong_logicalid_is_a_dead_letter_at_once(tmp_path, db, broker, ces2p
     assert dl["payload"] == segment
     assert dead_letter_classes(db) == {"reassembly_limit": 1}
     assert daemon.terminate() == 0
+
+
+def test_the_caps_are_configured(tmp_path, db, broker, ces2pg):
+    """reassembly.max_logicalid_bytes and reassembly.max_groups set the caps:
+    a 100-byte logicalid is too long at 64, and of 20 groups that never
+    complete, those past 16 open ones are dead letters at once."""
+    expect = generate(tmp_path, seed=4344, events=10, tables=1)
+    ordinary = read_records(expect["_out"])
+    env = json.loads(example_record("current-insert"))
+    env.update(logicalid="L" * 100, segmentindex=0, finalsegment=False, data="{")
+    long_id = json.dumps(env, separators=(",", ":")).encode()
+    groups = []
+    for i in range(20):
+        env.update(logicalid=f"g-{i:04d}", id=f"group-cap-{i}")
+        groups.append(json.dumps(env, separators=(",", ":")).encode())
+    b = broker(partitions=1)
+    records = [long_id] + groups + ordinary
+    produce_placed(b, "ces", records, [0] * len(records))
+    daemon = ces2pg(db, b, group="caps", extra_config="reassembly = { max_groups = 16; "
+                    "max_logicalid_bytes = 64; timeout_ms = 600000; };")
+    wait_until(lambda: len(dead_letters(db)) >= 5, 60, message="the capped segments")
+    dead = dead_letters(db)
+    assert "logicalid is longer than 64 bytes" in dead[0]["reason"], dead[0]["reason"]
+    assert [d["offset"] for d in dead] == [0, 17, 18, 19, 20], [d["reason"] for d in dead]
+    assert dead_letter_classes(db) == {"reassembly_limit": 5}
+    assert daemon.terminate() == 0
