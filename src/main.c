@@ -17,6 +17,7 @@
 #include "daemon.h"
 #include "tokens.h"
 #include "apply/apply.h"
+#include "apply/tableplan.h"
 #include "conf/config.h"
 #include "format/decode.h"
 #include "input/capture.h"
@@ -200,6 +201,9 @@ static int check_config(const char *path, bool fetch_tokens) {
     } else {
         printf("%s: configuration is valid\n", path);
         ces_config_print(config, stdout);
+        ces_tableplan_describe_names(stdout,
+                                     config->apply_lsn_guard ? config->apply_version_column : NULL,
+                                     config->schema_metadata);
     }
     release_config(config);
     return rc;

@@ -55,12 +55,32 @@ char *ces_tableplan_fold_name(const char *name, bool preserve_case) {
     return out;
 }
 
+/* The names of PostgreSQL's system columns, which no table may use for a column of its own. */
+static const char *const system_columns[] = {"xmin", "xmax", "cmin", "cmax", "ctid", "tableoid"};
+
+void ces_tableplan_describe_names(FILE *out, const char *version_column,
+                                  const char *metadata_schema) {
+    fprintf(out, "names: source columns named");
+    for (size_t i = 0; i < sizeof(system_columns) / sizeof(system_columns[0]); i++)
+        fprintf(out, "%s %s", i == 0 ? "" : ",", system_columns[i]);
+    if (version_column != NULL)
+        fprintf(out, " or %s (the version column)", version_column);
+    fprintf(out, " are applied as %s<name> (logged once per table)\n",
+            CES_TABLEPLAN_RESERVED_PREFIX);
+    fprintf(out, "names: a name longer than %d bytes becomes its first %d bytes, \"_\" and 8 hex "
+                 "digits of a hash of the whole name\n",
+            CES_CATALOG_NAME_MAX, CES_CATALOG_NAME_MAX - CES_TABLEPLAN_HASH_SUFFIX);
+    fprintf(out, "names: events for schema %s (ces2pg's), pg_catalog, information_schema or any "
+                 "pg_* schema are dead letters (class reserved_target); two source tables meeting "
+                 "in one target table are too (class name_collision)\n",
+            metadata_schema);
+}
+
 bool ces_tableplan_reserved_column(const char *pg_name, const char *version_column) {
-    static const char *const system[] = {"xmin", "xmax", "cmin", "cmax", "ctid", "tableoid"};
     if (pg_name[0] == '\0' || (version_column != NULL && strcmp(pg_name, version_column) == 0))
         return true;
-    for (size_t i = 0; i < sizeof(system) / sizeof(system[0]); i++) {
-        if (strcmp(pg_name, system[i]) == 0)
+    for (size_t i = 0; i < sizeof(system_columns) / sizeof(system_columns[0]); i++) {
+        if (strcmp(pg_name, system_columns[i]) == 0)
             return true;
     }
     return false;

@@ -15,6 +15,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "apply/catalog.h"
 #include "format/event.h"
@@ -43,6 +44,12 @@ char *ces_tableplan_fold_name(const char *name, bool preserve_case)
  * (xmin, xmax, cmin, cmax, ctid, tableoid), ces2pg's version column (version_column; NULL: none),
  * or the empty name. */
 bool ces_tableplan_reserved_column(const char *pg_name, const char *version_column);
+
+/* What --check-config can tell of the names rules above without an event: the reserved columns
+ * (version_column: NULL without the version guard) and their new names, the cut of long names,
+ * the reserved targets. Lines starting "names: ". */
+void ces_tableplan_describe_names(FILE *out, const char *version_column,
+                                  const char *metadata_schema);
 
 /* The PostgreSQL name of the source column name: ces_tableplan_fold_name's, or, when that is
  * reserved (ces_tableplan_reserved_column), CES_TABLEPLAN_RESERVED_PREFIX followed by it (and

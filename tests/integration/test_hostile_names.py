@@ -9,7 +9,7 @@ ordinary event, which must be applied, and replay must end by itself."""
 import contextlib
 from pathlib import Path
 
-from harness.daemon import parse_replay_summary, run_replay
+from harness.daemon import make_config, parse_replay_summary, run_ces2pg, run_replay, write_config
 from harness.events import event_record as record, write_records
 from harness.tables import fetch_table
 
@@ -245,3 +245,22 @@ def test_fuzz_name_seeds_end_by_themselves(tmp_path, db):
     assert query(db, "SELECT count(*) FROM pg_namespace WHERE nspname LIKE 'pg\\_%%'"
                      " AND nspname NOT IN ('pg_catalog', 'pg_toast')") == [(0,)]
     assert_ordinary_applied(db, 1)
+
+
+def test_check_config_says_how_names_are_changed(tmp_path, db):
+    """--check-config cannot know the events' names, but says the rules: the
+    reserved columns and their new names (the version column included, as
+    configured), the cut of long names, the reserved targets."""
+    for extra, version in (((), "_ces_lsn"), (('version_column = "_v";',), "_v"),
+                           (("lsn_guard = false;",), None)):
+        text = make_config(db, "127.0.0.1:9", apply_extra=extra,
+                           extra_config='schema = { metadata_schema = "repl_meta"; };')
+        rc, out, err = run_ces2pg(["--check-config", "-c", write_config(tmp_path, text)])
+        assert rc == 0, err
+        names = [line for line in out.splitlines() if line.startswith("names: ")]
+        assert len(names) == 3, out
+        assert "xmin, xmax, cmin, cmax, ctid, tableoid" in names[0], names
+        assert "applied as _src_<name>" in names[0], names
+        assert (f"or {version} (the version column)" in names[0]) == (version is not None), names
+        assert "longer than 63 bytes becomes its first 54 bytes" in names[1], names
+        assert "schema repl_meta (ces2pg's), pg_catalog" in names[2], names
