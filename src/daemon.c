@@ -7,7 +7,10 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <unistd.h>
 
+#include "apply/writer.h"
 #include "input/consumer.h"
 #include "ops/http.h"
 #include "ops/metrics.h"
@@ -128,6 +131,15 @@ typedef struct {
     int64_t progress_ms; /* 0: no progress line */
     char *http_listen;   /* owned; "" when off */
     ces_http_t *http;
+    /* Transaction order: one writer per group (apply/writer.h); NULL in partition order. */
+    ces_writer_t *writer;
+    bool writing;          /* this instance is the writer now */
+    bool stepping_down;    /* it lost the role, or could not renew it in time */
+    int64_t renewed_ms;    /* when the last renewal that held the role was begun */
+    int64_t next_renew_ms;
+    /* The loop ends: a stop signal, or stepping down. apply's retries watch it too. */
+    volatile sig_atomic_t leave;
+    char holder[300]; /* this instance's name as a writer: host/pid */
 } daemon_t;
 
 /* Pings systemd's watchdog every half period, unless retries have gone on without progress for
@@ -140,10 +152,17 @@ static void ping_watchdog(daemon_t *d, int64_t now) {
     }
 }
 
+/* The writer role (below): renewing it, and giving it up when it cannot be renewed in time. */
+static void renew_role(daemon_t *d, int64_t now);
+static void role_deadline(daemon_t *d, int64_t now);
+
 /* apply's hook: the connection opened or closed, or a retry is waiting. */
 static void on_apply_heartbeat(void *opaque, bool connected) {
     daemon_t *d = opaque;
     int64_t now = ces_clock_now_ms();
+    if (*d->signals->stop)
+        d->leave = 1;
+    role_deadline(d, now);
     ces_metrics_heartbeat(d->metrics, now);
     ces_metrics_set_connected(d->metrics, connected);
     ping_watchdog(d, now);
@@ -290,6 +309,9 @@ static void on_turn(void *opaque, int64_t now, bool waiting) {
     daemon_t *d = opaque;
     ces_metrics_heartbeat(d->metrics, now);
     ping_watchdog(d, now);
+    if (*d->signals->stop)
+        d->leave = 1;
+    renew_role(d, now);
     if (*d->signals->reload) {
         *d->signals->reload = 0;
         ces_config_t *next = reload(d, d->path, d->current);
@@ -321,22 +343,140 @@ static void on_turn(void *opaque, int64_t now, bool waiting) {
 
 static void on_stopping(void *opaque) {
     daemon_t *d = opaque;
+    if (d->stepping_down && !*d->signals->stop) {
+        ces_log_info("stepping down: applying what is complete (the batches of a writer that "
+                     "lost its role are refused), then leaving the consumer group");
+        return;
+    }
     d->stopping = true;
     ces_notify("STOPPING=1");
     ces_log_info("stopping: applying what is complete, then leaving the consumer group");
 }
 
-/* Connects to PostgreSQL, joins the consumer group and runs the loop. */
-static ces_daemon_status_t serve(daemon_t *d) {
-    char err[1024];
-    ces_notify_status("connecting to PostgreSQL");
-    ces_apply_status_t ast = ces_apply_start(d->apply, err, sizeof(err));
-    if (ast != CES_APPLY_OK) {
-        if (ast == CES_APPLY_INTERRUPTED)
-            return CES_DAEMON_OK;
-        ces_log_error("%s", err);
-        return CES_DAEMON_FAILED;
+/* ---------------------------------------------------------------------------------------------- */
+/* The writer role (transaction order)                                                            */
+
+/* A standby asks for the role this often; a writer renews it this often (and at least four times
+ * a lease). */
+#define ROLE_TRY_MS 500
+#define ROLE_RENEW_MS 1000
+
+static void step_down(daemon_t *d, const char *why) {
+    ces_log_warning("writer of group '%s': %s: stepping down", d->config->kafka_group_id, why);
+    d->stepping_down = true;
+    d->leave = 1;
+}
+
+/* A writer that could not renew its role for most of a lease stops applying before a standby may
+ * start: the lease is measured from when the last good renewal was begun, PostgreSQL's from a
+ * little later. */
+static void role_deadline(daemon_t *d, int64_t now) {
+    if (d->writer == NULL || !d->writing || d->stepping_down ||
+        now - d->renewed_ms <= d->config->ha_lease_ms * 7 / 10)
+        return;
+    char why[128];
+    snprintf(why, sizeof(why), "the role could not be renewed for %lld ms (the lease is %lld ms)",
+             (long long)(now - d->renewed_ms), (long long)d->config->ha_lease_ms);
+    step_down(d, why);
+}
+
+static void renew_role(daemon_t *d, int64_t now) {
+    if (d->writer == NULL || !d->writing || d->stepping_down || now < d->next_renew_ms)
+        return;
+    int64_t every = d->config->ha_lease_ms / 4 < ROLE_RENEW_MS ? d->config->ha_lease_ms / 4
+                                                                : ROLE_RENEW_MS;
+    d->next_renew_ms = now + every;
+    char err[512];
+    ces_writer_role_t role = ces_writer_renew(d->writer, err, sizeof(err));
+    if (role == CES_WRITER_WRITER) {
+        d->renewed_ms = now;
+        return;
     }
+    if (role == CES_WRITER_STANDBY) {
+        char why[400];
+        snprintf(why, sizeof(why), "another instance took the role over (%s)",
+                 ces_writer_seen(d->writer));
+        step_down(d, why);
+        return;
+    }
+    ces_log_warning("writer of group '%s': cannot renew the role: %s", d->config->kafka_group_id,
+                    err);
+    role_deadline(d, ces_clock_now_ms());
+}
+
+/* What a standby's wait does at each step: liveness, the watchdog, a reload. */
+static void standby_turn(daemon_t *d, int64_t now) {
+    ces_metrics_heartbeat(d->metrics, now);
+    ping_watchdog(d, now);
+    if (*d->signals->reload) {
+        *d->signals->reload = 0;
+        ces_config_t *next = reload(d, d->path, d->current);
+        if (next != d->current && d->current != d->config)
+            ces_config_destroy(d->current);
+        d->current = next;
+    }
+}
+
+/* This instance becomes the writer: its batches are fenced on its epoch from now on. */
+static bool become_writer(daemon_t *d, int64_t asked_ms) {
+    int64_t epoch = ces_writer_epoch(d->writer);
+    if (ces_apply_set_writer(d->apply, d->holder, epoch) != 0) {
+        ces_log_error("out of memory");
+        return false;
+    }
+    d->writing = true;
+    d->stepping_down = false;
+    d->leave = 0;
+    d->renewed_ms = asked_ms;
+    d->next_renew_ms = asked_ms + ROLE_TRY_MS;
+    ces_metrics_set_role(d->metrics, CES_METRICS_ROLE_WRITER, epoch);
+    ces_log_info("writer of group '%s' (epoch %lld, as %s): joining the consumer group",
+                 d->config->kafka_group_id, (long long)epoch, d->holder);
+    return true;
+}
+
+/* A standby until this instance gets the role (true), or until a stop is asked for (false). */
+static bool wait_for_role(daemon_t *d) {
+    d->writing = false;
+    ces_metrics_set_role(d->metrics, CES_METRICS_ROLE_STANDBY, ces_writer_epoch(d->writer));
+    char err[1024], said[1024] = "";
+    int64_t next_try = 0;
+    while (!*d->signals->stop) {
+        int64_t now = ces_clock_now_ms();
+        standby_turn(d, now);
+        if (now >= next_try) {
+            next_try = now + ROLE_TRY_MS;
+            ces_writer_role_t role = ces_writer_try(d->writer, err, sizeof(err));
+            ces_metrics_set_connected(d->metrics, role != CES_WRITER_UNKNOWN);
+            if (role == CES_WRITER_WRITER)
+                return become_writer(d, now);
+            if (role == CES_WRITER_STANDBY && strcmp(said, "standby") != 0) {
+                ces_log_info("standby for group '%s': %s writes; taking over when it stops, dies "
+                             "or its lease of %lld ms runs out",
+                             d->config->kafka_group_id, ces_writer_seen(d->writer),
+                             (long long)d->config->ha_lease_ms);
+                snprintf(said, sizeof(said), "standby");
+                if (!d->ready) {
+                    d->ready = true;
+                    ces_notify("READY=1");
+                }
+                ces_notify_status("standby: another instance writes");
+            } else if (role == CES_WRITER_UNKNOWN && strcmp(said, err) != 0) {
+                ces_log_warning("standby for group '%s': cannot ask PostgreSQL who writes: %s",
+                                d->config->kafka_group_id, err);
+                snprintf(said, sizeof(said), "%s", err);
+            }
+        }
+        struct timespec ts = {.tv_sec = 0, .tv_nsec = 50 * 1000000L};
+        nanosleep(&ts, NULL);
+    }
+    return false;
+}
+
+/* One term of consuming: joins the consumer group, runs the loop until a stop, a failure or a step
+ * down, and leaves the group (the revocation commits what is complete). */
+static ces_daemon_status_t run_term(daemon_t *d) {
+    char err[1024];
     ces_consumer_callbacks_t callbacks = {
         .assigned = ces_pipeline_on_assigned,
         .revoked = ces_pipeline_on_revoked,
@@ -355,8 +495,13 @@ static ces_daemon_status_t serve(daemon_t *d) {
     d->last_progress_ms = ces_clock_now_ms();
     ces_pipeline_get_stats(d->pipeline, &d->progress_base);
     ces_pipeline_hooks_t hooks = {.on_turn = on_turn, .on_stopping = on_stopping, .opaque = d};
-    ces_pipeline_status_t st =
-        ces_pipeline_run(d->pipeline, &hooks, d->signals->stop, err, sizeof(err));
+    ces_pipeline_status_t st = ces_pipeline_run(d->pipeline, &hooks, &d->leave, err, sizeof(err));
+    /* Leaving the group revokes the assignment: the pipeline commits what is complete. */
+    ces_consumer_destroy(d->consumer);
+    d->consumer = NULL;
+    ces_metrics_set_assigned(d->metrics, 0);
+    if (d->stepping_down && !*d->signals->stop)
+        return CES_DAEMON_OK;
     if (!d->stopping)
         ces_notify("STOPPING=1");
     switch (st) {
@@ -372,6 +517,47 @@ static ces_daemon_status_t serve(daemon_t *d) {
     default:
         return CES_DAEMON_OK;
     }
+}
+
+/* Transaction order: a standby until the role is had, then the writer for as long as it is held;
+ * a writer that lost it is a standby again. */
+static ces_daemon_status_t serve_roles(daemon_t *d) {
+    for (;;) {
+        if (!wait_for_role(d))
+            return CES_DAEMON_OK; /* stopped while a standby */
+        ces_daemon_status_t st = run_term(d);
+        bool stopped = *d->signals->stop;
+        if (!stopped && st == CES_DAEMON_FAILED && !d->stepping_down) {
+            /* A writer replaced while frozen finds its consumer fenced by the new one's static
+             * membership: that is a step down too. */
+            char err[512];
+            if (ces_writer_renew(d->writer, err, sizeof(err)) == CES_WRITER_STANDBY)
+                d->stepping_down = true;
+        }
+        if (!d->stepping_down || stopped) {
+            ces_writer_release(d->writer);
+            return st;
+        }
+        ces_writer_release(d->writer);
+        if (ces_apply_set_writer(d->apply, NULL, 0) != 0)
+            return CES_DAEMON_FAILED;
+        ces_log_warning("stepped down: a standby again");
+    }
+}
+
+/* Connects to PostgreSQL, then consumes: at once in partition order, as the writer in
+ * transaction order. */
+static ces_daemon_status_t serve(daemon_t *d) {
+    char err[1024];
+    ces_notify_status("connecting to PostgreSQL");
+    ces_apply_status_t ast = ces_apply_start(d->apply, err, sizeof(err));
+    if (ast != CES_APPLY_OK) {
+        if (ast == CES_APPLY_INTERRUPTED)
+            return CES_DAEMON_OK;
+        ces_log_error("%s", err);
+        return CES_DAEMON_FAILED;
+    }
+    return d->writer != NULL ? serve_roles(d) : run_term(d);
 }
 
 ces_daemon_status_t ces_daemon_run(const char *path, ces_config_t *config, ces_tokens_t *tokens,
@@ -391,7 +577,26 @@ ces_daemon_status_t ces_daemon_run(const char *path, ces_config_t *config, ces_t
     popts.on_applied_opaque = &d;
     d.metrics = ces_metrics_new();
     ces_decoder_t *decoder = ces_decoder_new(&limits);
-    d.apply = make_apply(config, signals->stop, on_apply_heartbeat, on_apply_retrying, &d);
+    d.apply = make_apply(config, &d.leave, on_apply_heartbeat, on_apply_retrying, &d);
+    if (strcmp(config->apply_ordering, "transaction") == 0) {
+        char host[256] = "localhost";
+        gethostname(host, sizeof(host) - 1);
+        snprintf(d.holder, sizeof(d.holder), "%s/%ld", host, (long)getpid());
+        ces_writer_options_t wo = {
+            .conninfo = config->pg_conninfo,
+            .password = config->pg_password,
+            .password_token = config->pg_token,
+            .metadata_schema = config->schema_metadata,
+            .version_column = config->apply_version_column,
+            .group_id = config->kafka_group_id,
+            .holder = d.holder,
+            .lease_ms = config->ha_lease_ms,
+        };
+        if ((d.writer = ces_writer_new(&wo)) == NULL) {
+            ces_log_error("out of memory");
+            goto done;
+        }
+    }
     if (d.metrics == NULL || decoder == NULL || d.apply == NULL ||
         (d.pipeline = ces_pipeline_new(&popts, decoder, d.apply)) == NULL) {
         ces_log_error("out of memory");
@@ -421,6 +626,7 @@ done:
     free(d.http_listen);
     ces_tokens_set_metrics(tokens, NULL);
     ces_pipeline_destroy(d.pipeline);
+    ces_writer_destroy(d.writer);
     ces_apply_destroy(d.apply);
     ces_decoder_destroy(decoder);
     ces_metrics_destroy(d.metrics);

@@ -335,7 +335,8 @@ static int attempt_finish(ces_apply_t *a, attempt_t *at) {
     }
     if (ces_inflight_fenced(q)) {
         ces_pgerr_set(e, CES_PGERR_FENCED, -1, NULL,
-                      "the stored consumer position moved: another instance took over a partition");
+                      "the stored consumer position moved, or this instance is no longer the "
+                      "writer: another instance took over");
         return -1;
     }
     /* A whole transaction's COMMIT was in the pipeline, and every result was fine. */
@@ -677,6 +678,10 @@ static ces_apply_status_t apply_step(ces_apply_t *a, ces_batch_t *batch, step_t 
 
 static void between_batches(ces_apply_t *a) {
     ces_janitor_run(a->janitor, a->session, ces_metadata_tombstones(a->metadata));
+}
+
+int ces_apply_set_writer(ces_apply_t *a, const char *holder, int64_t epoch) {
+    return ces_positions_set_writer(a->positions, holder, epoch);
 }
 
 ces_apply_status_t ces_apply_batch(ces_apply_t *a, ces_batch_t *batch, ces_apply_stats_t *stats,

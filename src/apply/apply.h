@@ -85,6 +85,11 @@ bool ces_apply_conninfo_valid(const char *conninfo);
 ces_apply_t *ces_apply_new(const ces_apply_options_t *options);
 void ces_apply_destroy(ces_apply_t *apply);
 
+/* Every batch committed from now on checks that holder still writes with epoch (writer.h), in its
+ * own transaction; NULL holder: no check. Returns 0, or -1 when out of memory. */
+int ces_apply_set_writer(ces_apply_t *apply, const char *holder, int64_t epoch)
+    __attribute__((warn_unused_result));
+
 /* Connects (retrying transient failures) and creates the metadata schema and its tables. */
 ces_apply_status_t ces_apply_start(ces_apply_t *apply, char *errstr, size_t errstr_size)
     __attribute__((warn_unused_result));

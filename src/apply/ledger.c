@@ -157,6 +157,11 @@ static int send_progress(ces_inflight_t *q, const ces_metadata_t *metadata,
 
 int ces_ledger_positions(ces_inflight_t *q, const ces_metadata_t *metadata,
                          const ces_positions_t *positions, const ces_batch_t *batch) {
+    const char *writer[3];
+    const char *writer_sql = ces_positions_writer_sql(positions, writer);
+    if (writer_sql != NULL && send_query(q, writer_sql, 3, writer, NULL, NULL,
+                                         CES_INFLIGHT_OFFSET, -1) != 0)
+        return -1;
     for (size_t i = 0; i < batch->npositions; i++) {
         ces_positions_params_t params;
         ces_positions_update_params(positions, &batch->positions[i], &params);

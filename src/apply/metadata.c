@@ -128,7 +128,18 @@ static void add_ddl(ces_strbuf_t *sql, const char *schema) {
                         "  table_name text NOT NULL,\n"
                         "  lsn text NOT NULL,\n"
                         "  version numeric NOT NULL,\n"
-                        "  adopted_at timestamptz NOT NULL DEFAULT now());\n");
+                        "  adopted_at timestamptz NOT NULL DEFAULT now());\n"
+                        "CREATE TABLE IF NOT EXISTS ");
+    /* The writer of each group in transaction order (apply/writer.h): one row a group. */
+    ces_strbuf_add(sql, schema);
+    ces_strbuf_add(sql, ".writers (\n"
+                        "  group_id text PRIMARY KEY,\n"
+                        "  holder text NOT NULL,\n"
+                        "  epoch bigint NOT NULL,\n"
+                        "  renewed_at timestamptz NOT NULL,\n"
+                        "  lease_ms integer NOT NULL,\n"
+                        "  locked boolean NOT NULL,\n"
+                        "  since timestamptz NOT NULL DEFAULT now());\n");
 }
 
 /* One statement naming the schema: prefix, the quoted schema, suffix. NULL when out of memory. */

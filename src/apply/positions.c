@@ -139,6 +139,10 @@ struct ces_positions_s {
     char *sql_update;
     char *sql_read;
     char *sql_gap;
+    char *sql_writer;
+    /* The writer fence (writer.h); no holder: none. */
+    char *holder;
+    char epoch[24];
 };
 
 ces_positions_t *ces_positions_new(const char *group_id) {
@@ -156,6 +160,8 @@ void ces_positions_destroy(ces_positions_t *p) {
     if (p == NULL)
         return;
     free(p->group_id);
+    free(p->holder);
+    free(p->sql_writer);
     free(p->sql_update);
     free(p->sql_read);
     free(p->sql_gap);
@@ -163,7 +169,14 @@ void ces_positions_destroy(ces_positions_t *p) {
 }
 
 int ces_positions_set_schema(ces_positions_t *p, const char *schema_quoted) {
-    ces_strbuf_t update = {0}, read = {0}, gap = {0};
+    ces_strbuf_t update = {0}, read = {0}, gap = {0}, writer = {0};
+    /* The writer fence: the batch commits only while the writers row still names this instance
+     * with its epoch (renewing its lease); otherwise the same division by zero as below. */
+    ces_strbuf_add(&writer, "WITH held AS (UPDATE ");
+    ces_strbuf_add(&writer, schema_quoted);
+    ces_strbuf_add(&writer, ".writers SET renewed_at = clock_timestamp()"
+                            " WHERE group_id = $1 AND holder = $2 AND epoch = $3 RETURNING 1)"
+                            " SELECT 1 / count(*)::int FROM held");
     /* The fence: the position is stored only over the one this instance read ($5; NULL: none).
      * If another instance moved it, nothing is stored and the division by zero
      * (ERRCODE_DIVISION_BY_ZERO, recognised by ces_positions_fence_raised as inflight.h drains the
@@ -185,13 +198,16 @@ int ces_positions_set_schema(ces_positions_t *p, const char *schema_quoted) {
     free(p->sql_update);
     free(p->sql_read);
     free(p->sql_gap);
-    p->sql_update = p->sql_read = p->sql_gap = NULL;
-    if (update.failed || read.failed || gap.failed) {
+    free(p->sql_writer);
+    p->sql_update = p->sql_read = p->sql_gap = p->sql_writer = NULL;
+    if (update.failed || read.failed || gap.failed || writer.failed) {
         ces_strbuf_free(&update);
         ces_strbuf_free(&read);
         ces_strbuf_free(&gap);
+        ces_strbuf_free(&writer);
         return -1;
     }
+    p->sql_writer = writer.buf;
     p->sql_update = update.buf;
     p->sql_read = read.buf;
     p->sql_gap = gap.buf;
@@ -199,6 +215,25 @@ int ces_positions_set_schema(ces_positions_t *p, const char *schema_quoted) {
 }
 
 const char *ces_positions_update_sql(const ces_positions_t *p) { return p->sql_update; }
+
+int ces_positions_set_writer(ces_positions_t *p, const char *holder, int64_t epoch) {
+    char *copy = holder != NULL ? strdup(holder) : NULL;
+    if (holder != NULL && copy == NULL)
+        return -1;
+    free(p->holder);
+    p->holder = copy;
+    snprintf(p->epoch, sizeof(p->epoch), "%lld", (long long)epoch);
+    return 0;
+}
+
+const char *ces_positions_writer_sql(const ces_positions_t *p, const char *values[3]) {
+    if (p->holder == NULL)
+        return NULL;
+    values[0] = p->group_id;
+    values[1] = p->holder;
+    values[2] = p->epoch;
+    return p->sql_writer;
+}
 
 void ces_positions_update_params(const ces_positions_t *p, const ces_position_update_t *o,
                                  ces_positions_params_t *params) {

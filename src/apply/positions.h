@@ -160,6 +160,15 @@ typedef struct {
 
 /* The statement that records a gap. Owned by positions; NULL before ces_positions_set_schema. */
 const char *ces_positions_gap_sql(const ces_positions_t *positions);
+
+/* From now on every batch's transaction also checks, fenced like the positions, that this
+ * instance (holder) is still the writer with epoch (writer.h), and renews its lease; NULL holder:
+ * no check (partition order, replay). Returns 0, or -1 when out of memory. */
+int ces_positions_set_writer(ces_positions_t *positions, const char *holder, int64_t epoch)
+    __attribute__((warn_unused_result));
+/* The writer check and its three parameters (in values, references valid until the next
+ * set_writer), or NULL when there is none. */
+const char *ces_positions_writer_sql(const ces_positions_t *positions, const char *values[3]);
 /* Fills params for gap (whose strings must outlive params' use). */
 void ces_positions_gap_params(const ces_positions_t *positions, const ces_source_gap_t *gap,
                               ces_positions_gap_params_t *params);

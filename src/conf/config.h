@@ -121,6 +121,8 @@ typedef struct {
     int64_t log_progress_interval; /* seconds between progress lines; 0: none */
 
     char *http_listen; /* "HOST:PORT" of /metrics, /healthz, /readyz; empty: no HTTP server */
+
+    int64_t ha_lease_ms; /* transaction order: how long a writer's role outlives its last renewal */
 } ces_config_t;
 
 typedef enum {

@@ -105,6 +105,7 @@ const ces_config_key_t ces_config_keys[] = {
     {"log.format", KEY_STRING, F(log_format), "text", false, false, 0, 0, RELOAD},
     {"log.progress_interval", KEY_INT, F(log_progress_interval), "10", false, false, 0, 86400,
      RELOAD},
+    {"ha.lease_ms", KEY_INT, F(ha_lease_ms), "10000", false, false, 1000, 600000, RESTART},
     {"http.listen", KEY_STRING, F(http_listen), "127.0.0.1:9187", false, false, 0, 0, RELOAD},
 };
 

@@ -189,10 +189,30 @@ static int set_key(rd_kafka_conf_t *conf, const ces_config_t *config, const char
     return 0;
 }
 
+/* Transaction order has one writer per group (apply/writer.h), and only the writer joins the
+ * group: all its instances join under one static name, so that a standby taking over replaces the
+ * writer's membership at once instead of after the dead writer's session timed out. Group ids
+ * may hold what instance ids may not: those bytes become '_'. */
+static void writer_instance_id(const ces_config_t *config, char *out, size_t out_size) {
+    int n = snprintf(out, out_size, "ces2pg-writer-%s", config->kafka_group_id);
+    for (int i = 0; i < n && (size_t)i < out_size - 1; i++) {
+        char ch = out[i];
+        if (!((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
+              ch == '.' || ch == '_' || ch == '-'))
+            out[i] = '_';
+    }
+}
+
 rd_kafka_conf_t *ces_kafkaconf_build(const ces_config_t *config, ces_consumer_status_t *status,
                                      char *errstr, size_t errstr_size) {
     rd_kafka_conf_t *conf = rd_kafka_conf_new();
     *status = CES_CONSUMER_CONFIG;
+    char shared_id[250];
+    bool transaction_order =
+        config->apply_ordering != NULL && strcmp(config->apply_ordering, "transaction") == 0 &&
+        config->kafka_group_id != NULL;
+    if (transaction_order)
+        writer_instance_id(config, shared_id, sizeof(shared_id));
     if (set_own(conf, defaults, COUNT(defaults), status, errstr, errstr_size) != 0)
         goto fail;
     if (config->kafka_eventhubs_connection_string != NULL &&
@@ -214,7 +234,8 @@ rd_kafka_conf_t *ces_kafkaconf_build(const ces_config_t *config, ces_consumer_st
     if (set_key(conf, config, "kafka.brokers", "bootstrap.servers", config->kafka_brokers, errstr,
                 errstr_size) != 0 ||
         set_key(conf, config, "kafka.group_instance_id", "group.instance.id",
-                config->kafka_group_instance_id, errstr, errstr_size) != 0 ||
+                transaction_order ? shared_id : config->kafka_group_instance_id, errstr,
+                errstr_size) != 0 ||
         set_key(conf, config, "kafka.group_id", "group.id", config->kafka_group_id, errstr,
                 errstr_size) != 0 ||
         /* Positions live in PostgreSQL: ces2pg stores Kafka's after each commit. */

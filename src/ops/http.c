@@ -69,6 +69,8 @@ static MHD_Result_t handle(void *cls, struct MHD_Connection *conn, const char *u
     }
     if (strcmp(url, "/readyz") == 0) {
         bool ok = ces_metrics_ready(h->metrics);
+        if (ok && ces_metrics_role(h->metrics) == CES_METRICS_ROLE_STANDBY)
+            return text(conn, MHD_HTTP_OK, "ready: standby (another instance writes)\n");
         return ok ? text(conn, MHD_HTTP_OK, "ready\n")
                   : text(conn, MHD_HTTP_SERVICE_UNAVAILABLE,
                          "not ready: PostgreSQL not connected, retrying, or no partition "

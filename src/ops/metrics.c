@@ -83,6 +83,9 @@ struct ces_metrics_s {
     atomic_bool token_used[CES_METRICS_NSIDES];
     atomic_llong token_expires_ms[CES_METRICS_NSIDES]; /* since the epoch; 0: none yet */
     atomic_ullong token_failures[CES_METRICS_NSIDES];
+    atomic_int role;              /* ces_metrics_role_t */
+    atomic_llong writer_epoch;
+    atomic_llong unowned_partitions; /* of the subscribed topics, not this writer's; -1: unknown */
 };
 
 static const char *const side_names[CES_METRICS_NSIDES] = {"kafka", "postgres"};
@@ -110,6 +113,9 @@ ces_metrics_t *ces_metrics_new(void) {
     atomic_init(&m->retry_since_ms, 0);
     for (size_t i = 0; i <= CES_APPLY_NRETRY_REASONS; i++)
         atomic_init(&m->retries[i], 0);
+    atomic_init(&m->role, CES_METRICS_ROLE_NONE);
+    atomic_init(&m->writer_epoch, 0);
+    atomic_init(&m->unowned_partitions, -1);
     for (size_t i = 0; i < CES_METRICS_NSIDES; i++) {
         atomic_init(&m->token_used[i], false);
         atomic_init(&m->token_expires_ms[i], 0);
@@ -336,9 +342,25 @@ bool ces_metrics_alive(const ces_metrics_t *m, int64_t now_ms, int64_t max_age_m
 
 bool ces_metrics_ready(const ces_metrics_t *m) {
     ces_metrics_t *mm = (ces_metrics_t *)m;
+    if (atomic_load(&mm->role) == CES_METRICS_ROLE_STANDBY)
+        return atomic_load(&mm->connected); /* ready to take over */
     return atomic_load(&mm->connected) && atomic_load(&mm->assigned) > 0 &&
            atomic_load(&mm->retry_since_ms) == 0;
 }
+
+ces_metrics_role_t ces_metrics_role(const ces_metrics_t *m) {
+    return (ces_metrics_role_t)atomic_load(&((ces_metrics_t *)m)->role);
+}
+
+void ces_metrics_set_role(ces_metrics_t *m, ces_metrics_role_t role, int64_t epoch) {
+    atomic_store(&m->role, (int)role);
+    atomic_store(&m->writer_epoch, epoch);
+}
+
+void ces_metrics_set_unowned(ces_metrics_t *m, int64_t partitions) {
+    atomic_store(&m->unowned_partitions, partitions);
+}
+
 
 static int64_t partition_lag(const partition_gauge_t *p) {
     if (p->high < 0 || p->position < 0)
@@ -462,6 +484,26 @@ static void render_counters(ces_metrics_t *m, FILE *out) {
     fprintf(out, "ces2pg_batch_duration_seconds_count %llu\n", (unsigned long long)m->batch_count);
 }
 
+/* The writer role of transaction order (lock-free): absent in partition order. */
+static void render_role(ces_metrics_t *m, FILE *out) {
+    int role = atomic_load(&m->role);
+    if (role == CES_METRICS_ROLE_NONE)
+        return;
+    header(out, "ces2pg_writer", "gauge",
+           "1 while this instance is its group's writer (transaction order), 0 while it is a "
+           "standby.");
+    fprintf(out, "ces2pg_writer %d\n", role == CES_METRICS_ROLE_WRITER ? 1 : 0);
+    header(out, "ces2pg_writer_epoch", "gauge",
+           "The epoch this instance writes, or last wrote, under (raised at every takeover).");
+    fprintf(out, "ces2pg_writer_epoch %lld\n", (long long)atomic_load(&m->writer_epoch));
+    long long unowned = atomic_load(&m->unowned_partitions);
+    header(out, "ces2pg_partitions_not_owned", "gauge",
+           "Partitions of the subscribed topics another consumer of the group holds: a writer "
+           "that does not own them all cannot apply its transactions whole.");
+    if (unowned >= 0)
+        fprintf(out, "ces2pg_partitions_not_owned %lld\n", unowned);
+}
+
 /* The retries by reason (lock-free). */
 static void render_retries(ces_metrics_t *m, FILE *out) {
     header(out, "ces2pg_postgres_retries_total", "counter",
@@ -582,6 +624,7 @@ int ces_metrics_render(ces_metrics_t *m, char **out_buf, size_t *out_len) {
     pthread_mutex_unlock(&m->lock);
     render_retries(m, out);
     render_tokens(m, out, &now);
+    render_role(m, out);
     if (rss >= 0) {
         header(out, "ces2pg_process_resident_memory_bytes", "gauge",
                "Resident memory of the ces2pg process.");

@@ -44,6 +44,13 @@ typedef struct {
 /* The two sides that log in (Microsoft Entra tokens are counted by side). */
 typedef enum { CES_METRICS_KAFKA = 0, CES_METRICS_POSTGRES, CES_METRICS_NSIDES } ces_metrics_side_t;
 
+/* An instance's part in transaction order's one-writer rule (none in partition order). */
+typedef enum {
+    CES_METRICS_ROLE_NONE = 0,
+    CES_METRICS_ROLE_WRITER,
+    CES_METRICS_ROLE_STANDBY,
+} ces_metrics_role_t;
+
 ces_metrics_t *ces_metrics_new(void);
 void ces_metrics_destroy(ces_metrics_t *metrics);
 
@@ -53,6 +60,12 @@ void ces_metrics_token_used(ces_metrics_t *metrics, ces_metrics_side_t side);
 void ces_metrics_token_fetched(ces_metrics_t *metrics, ces_metrics_side_t side,
                                int64_t expires_at_ms);
 void ces_metrics_token_failed(ces_metrics_t *metrics, ces_metrics_side_t side);
+
+/* Any thread: the writer role (a standby is ready while PostgreSQL is connected), its epoch, and
+ * the partitions of the subscribed topics the writer does not own (-1: unknown). */
+void ces_metrics_set_role(ces_metrics_t *metrics, ces_metrics_role_t role, int64_t epoch);
+ces_metrics_role_t ces_metrics_role(const ces_metrics_t *metrics);
+void ces_metrics_set_unowned(ces_metrics_t *metrics, int64_t partitions);
 
 /* A batch was applied (items are now events applied or dead letters) in seconds. Reads the commit
  * time of its last event (the envelope's time) once. Main loop. */

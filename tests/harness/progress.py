@@ -3,8 +3,9 @@ waiting for them to reach the end of a stream, and its dead letters.
 """
 
 import contextlib
+import time
 
-from harness.common import wait_until
+from harness.common import Background, wait_until
 
 
 def read_offsets_conn(conn, group, topic):
@@ -96,3 +97,18 @@ def dead_letters(db):
                 row["payload"] = bytes(row["payload"])
             rows.append(row)
         return rows
+
+
+class BackgroundOffsetMonitor(Background):
+    """Polls ces2pg.offsets every interval seconds in a thread; an offset
+    that moves backwards (OffsetMonitor's assertion) is raised by stop()."""
+
+    def __init__(self, db, group, interval=0.02, topic="ces"):
+        super().__init__("offset-monitor")
+        self.monitor = OffsetMonitor(db, group, topic)
+        self.interval = interval
+
+    def run(self):
+        while not self.stopping():
+            self.monitor.poll()
+            time.sleep(self.interval)

@@ -28,7 +28,7 @@ from confluent_kafka import Producer
 from harness.common import Background, wait_until
 from harness.events import generate, read_records, stream_partitions
 from harness.mockbroker import PacedProducer, produce_placed
-from harness.progress import OffsetMonitor, dead_letters, read_offsets, wait_applied
+from harness.progress import BackgroundOffsetMonitor, OffsetMonitor, dead_letters, read_offsets, wait_applied
 from harness.tables import assert_tables_match, fetch_table
 
 GROUP = "ces2pg-test"
@@ -518,21 +518,6 @@ def test_kill9_inside_large_transaction(tmp_path, db, broker, ces2pg,
 # --------------------------------------------------------------------------
 
 
-class BackgroundOffsetMonitor(Background):
-    """Polls ces2pg.offsets every interval seconds in a thread; an offset
-    that moves backwards (OffsetMonitor's assertion) is raised by stop()."""
-
-    def __init__(self, db, group, interval=0.02):
-        super().__init__("offset-monitor")
-        self.monitor = OffsetMonitor(db, group)
-        self.interval = interval
-
-    def run(self):
-        while not self.stopping():
-            self.monitor.poll()
-            time.sleep(self.interval)
-
-
 def assigned_counts(daemon):
     """The partition counts of the assignments a daemon logged, in order."""
     return [int(n) for n in
@@ -540,7 +525,7 @@ def assigned_counts(daemon):
 
 
 def test_two_instances_one_stopped_midstream(tmp_path, db, broker, ces2pg):
-    """Two daemons share a group over 6 partitions (partition scheme Column:
+    """Two daemons in partition order share a group over 6 partitions (partition scheme Column:
     a row's changes stay in one partition, so each instance keeps its rows
     right without the per-row version guard). One gets SIGTERM after 30%
     of the stream; the other takes over its partitions. The end state is
@@ -557,8 +542,12 @@ def test_two_instances_one_stopped_midstream(tmp_path, db, broker, ces2pg):
     watcher = BackgroundOffsetMonitor(db, GROUP).start()
     producer = None
     try:
-        one = ces2pg(db, b, group=GROUP, batch_max_events=200)
-        two = ces2pg(db, b, group=GROUP, batch_max_events=200)
+        # Instances share partitions in partition order only: transaction order has one writer
+        # (test_writer.py).
+        one = ces2pg(db, b, group=GROUP, batch_max_events=200,
+                     apply_extra=['ordering = "partition";'])
+        two = ces2pg(db, b, group=GROUP, batch_max_events=200,
+                     apply_extra=['ordering = "partition";'])
         # Both in the group, with three partitions each.
         wait_until(lambda: assigned_counts(one) and assigned_counts(two)
                    and assigned_counts(one)[-1] == 3

@@ -133,8 +133,11 @@ def test_three_instances_one_killed_one_added(tmp_path, db, kafka, topic,
         f"partition.assignment.strategy={strategy}",)
 
     def start():
+        # Sharing partitions is partition order's: transaction order has one writer
+        # (test_writer_takeover.py).
         return eventhubs_daemon(db, t, group=GROUP, batch_max_events=200,
-                                properties=properties)
+                                properties=properties,
+                                apply_extra=['ordering = "partition";'])
 
     # All three start together: they also race to create the target tables.
     daemons = [start(), start(), start()]

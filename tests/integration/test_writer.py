@@ -1,0 +1,157 @@
+"""Transaction order with more than one instance: one writer, warm standbys
+(apply/writer.h). A standby is connected and ready but not in the consumer
+group; it takes over when the writer is killed (kill -9), stopped (SIGTERM) or
+frozen (SIGSTOP, past its lease), and a writer that lost the role applies
+nothing more: its batches are fenced on its epoch in their own transaction.
+Rows end exact and no stored position ever moves backwards. (Against Apache
+Kafka, with a bank across partitions and a reader: tests/realbroker/
+test_writer_takeover.py.)"""
+
+import os
+import signal
+import time
+
+from harness.common import free_port, wait_until
+from harness.events import event_record
+from harness.metrics import http_get, metric, parse_metrics
+from harness.progress import BackgroundOffsetMonitor, read_offsets, wait_applied
+
+GROUP = "ces2pg-ha"
+LEASE_MS = 3000
+
+
+def rows(start, n):
+    return [event_record("Orders", [("OrderId", "int"), ("Customer", "nvarchar(50)")],
+                         {"OrderId": str(i), "Customer": f"c{i}"}, ["OrderId"])
+            for i in range(start, start + n)]
+
+
+def instance(ces2pg, db, b, **kw):
+    port = free_port()
+    d = ces2pg(db, b, group=GROUP, http_listen=f"127.0.0.1:{port}",
+               extra_config=f"ha = {{ lease_ms = {LEASE_MS}; }};", **kw)
+    d.port = port
+    return d
+
+
+def role(d):
+    status, body = http_get(f"http://127.0.0.1:{d.port}/metrics")
+    return metric(parse_metrics(body), "ces2pg_writer") if status == 200 else None
+
+
+def readyz(d):
+    return http_get(f"http://127.0.0.1:{d.port}/readyz")
+
+
+def assert_rows(db, n):
+    got = db.query("SELECT orderid FROM dbo.orders ORDER BY orderid")
+    assert [r[0] for r in got] == list(range(n)), got[-5:]
+
+
+def applied_within(db, b, start, seconds, daemons):
+    """Produces row start, waits until it is applied; returns how long it took."""
+    began = time.monotonic()
+    b.produce("ces", rows(start, 1), partition=start % 2)
+    wait_until(lambda: db.scalar("SELECT count(*) FROM dbo.orders WHERE orderid = %s",
+                                 (start,)) == 1, seconds, interval=0.02,
+               message=f"row {start} applied within {seconds} s")
+    return time.monotonic() - began
+
+
+def test_one_writer_and_a_standby_that_takes_over(tmp_path, db, broker, ces2pg):
+    b = broker(partitions=2)
+    watcher = BackgroundOffsetMonitor(db, GROUP).start()
+    try:
+        a = instance(ces2pg, db, b)
+        a.wait_log(r"writer of group 'ces2pg-ha' \(epoch 1, as ")
+        s = instance(ces2pg, db, b)
+        s.wait_log(r"standby for group 'ces2pg-ha': .* writes; taking over when it stops")
+        wait_until(lambda: role(s) == 0 and role(a) == 1, 10, message="roles on /metrics")
+        status, body = readyz(s)
+        assert status == 200 and "standby" in body, body
+        b.produce("ces", rows(0, 20), partition=0)
+        wait_applied(db, GROUP, {0: 20}, daemons=[a, s])
+        assert "assigned" not in s.log(), "a standby joined the consumer group"
+
+        # kill -9: the writer's session ends, its advisory lock with it: the standby has the
+        # role within a second. librdkafka's mock cluster then waits for the dead member's
+        # session (session.timeout.ms, 4 s here) where Apache Kafka replaces its static
+        # membership at once (tests/realbroker/test_writer_takeover.py holds that to 5 s).
+        a.kill9()
+        killed = time.monotonic()
+        s.wait_log(r"writer of group 'ces2pg-ha' \(epoch 2, ", timeout=10)
+        role_taken = time.monotonic() - killed
+        took = applied_within(db, b, 20, 15, [s])
+        print(f"takeover after kill -9: role in {role_taken:.2f} s, applying after "
+              f"{role_taken + took:.2f} s")
+        assert role_taken <= 1.5, role_taken
+
+        # SIGTERM: the writer gives the role up at once.
+        c = instance(ces2pg, db, b)
+        c.wait_log(r"standby for group")
+        assert s.terminate() == 0
+        stopped = time.monotonic()
+        c.wait_log(r"writer of group 'ces2pg-ha' \(epoch 3, ", timeout=10)
+        role_taken = time.monotonic() - stopped
+        took = applied_within(db, b, 21, 15, [c])
+        print(f"takeover after SIGTERM: role in {role_taken:.2f} s, applying after "
+              f"{role_taken + took:.2f} s")
+        assert role_taken <= 1.5, role_taken
+    finally:
+        watcher.stop()
+    assert watcher.monitor.polls > 20
+    assert_rows(db, 22)
+    assert c.terminate() == 0
+
+
+def test_a_frozen_writer_is_replaced_and_writes_nothing_more(tmp_path, db, broker, ces2pg):
+    """SIGSTOP while a batch waits on a lock the test holds: the batch was sent, so the frozen
+    writer "still holds a batch" when the standby takes over past the lease. The lock goes; the
+    new writer applies; the old one's batch is refused by its epoch. SIGCONT: the old writer
+    finds the role gone, steps down and becomes a standby."""
+    b = broker(partitions=2)
+    a = instance(ces2pg, db, b)
+    a.wait_log(r"writer of group")
+    s = instance(ces2pg, db, b)
+    s.wait_log(r"standby for group")
+    b.produce("ces", rows(0, 10), partition=0)
+    wait_applied(db, GROUP, {0: 10}, daemons=[a, s])
+    watcher = BackgroundOffsetMonitor(db, GROUP).start()
+    holder = db.connect()
+    try:
+        holder.autocommit = False
+        with holder.cursor() as cur:
+            cur.execute("LOCK TABLE dbo.orders IN ACCESS EXCLUSIVE MODE")
+        b.produce("ces", rows(10, 5), partition=1)
+        wait_until(lambda: db.scalar(
+            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+            " AND query NOT LIKE '%%pg_stat_activity%%'") > 0, 30,
+            message="the writer's batch waits on the lock")
+        os.kill(a.proc.pid, signal.SIGSTOP)
+        frozen = time.monotonic()
+        s.wait_log(r"writer of group 'ces2pg-ha' \(epoch 2, ", timeout=LEASE_MS / 1000 + 10)
+        print(f"takeover of a frozen writer: {time.monotonic() - frozen:.2f} s "
+              f"(lease {LEASE_MS} ms)")
+        holder.rollback()
+        wait_applied(db, GROUP, {0: 10, 1: 5}, daemons=[s])
+        os.kill(a.proc.pid, signal.SIGCONT)
+        a.wait_log(r"stepping down", timeout=30)
+        a.wait_log(r"standby for group 'ces2pg-ha'", timeout=30)
+        b.produce("ces", rows(15, 5), partition=0)
+        wait_applied(db, GROUP, {0: 15, 1: 5}, daemons=[s, a])
+    finally:
+        holder.close()
+        watcher.stop()
+    assert_rows(db, 20)
+    assert role(a) == 0 and role(s) == 1
+    assert s.terminate() == 0
+    assert a.terminate() == 0
+
+
+def test_partition_order_has_no_writer(tmp_path, db, broker, ces2pg):
+    b = broker(partitions=2)
+    a = ces2pg(db, b, group=GROUP, apply_extra=['ordering = "partition";'])
+    a.wait_log(r"assigned \d+ partition")
+    assert "writer of group" not in a.log() and "standby" not in a.log()
+    assert db.scalar("SELECT count(*) FROM ces2pg.writers") == 0
+    assert a.terminate() == 0
