@@ -137,7 +137,11 @@ typedef struct {
     bool stepping_down;    /* it lost the role, or could not renew it in time */
     int64_t renewed_ms;    /* when the last renewal that held the role was begun */
     int64_t next_renew_ms;
-    /* The loop ends: a stop signal, or stepping down. apply's retries watch it too. */
+    int64_t next_owned_ms; /* when the writer next counts the partitions it does not own */
+    int64_t compete_after_ms; /* a writer that stepped down for Kafka waits a lease */
+    bool warned_unowned;
+    /* The loop ends: a stop signal, or stepping down. (apply watches the stop signal only: a
+     * writer stepping down while PostgreSQL is away finishes its retries, fenced.) */
     volatile sig_atomic_t leave;
     char holder[300]; /* this instance's name as a writer: host/pid */
 } daemon_t;
@@ -380,7 +384,51 @@ static void role_deadline(daemon_t *d, int64_t now) {
     step_down(d, why);
 }
 
+/* A writer owns every partition of its topics: only it is in the group, unless something else
+ * joined it (an instance in partition order, another tool under the same group id). Then its
+ * transactions cannot be applied whole: said once, and counted. */
+static void check_owned(daemon_t *d, int64_t now) {
+    enum { EVERY_MS = 10000, METADATA_MS = 500 };
+    if (d->consumer == NULL || !ces_consumer_joined(d->consumer) || now < d->next_owned_ms)
+        return;
+    d->next_owned_ms = now + EVERY_MS;
+    int64_t total = ces_consumer_count_partitions(d->consumer, d->config->kafka_topics.items,
+                                                  d->config->kafka_topics.count, METADATA_MS);
+    if (total < 0)
+        return;
+    int64_t unowned = total - (int64_t)ces_consumer_assigned_count(d->consumer);
+    ces_metrics_set_unowned(d->metrics, unowned < 0 ? 0 : unowned);
+    if (unowned > 0 && !d->warned_unowned) {
+        ces_log_warning("transaction order: this writer of group '%s' owns %zu of the %lld "
+                        "partitions of its topics; another consumer of the group holds the rest, "
+                        "so a source transaction spanning both cannot be applied whole",
+                        d->config->kafka_group_id, ces_consumer_assigned_count(d->consumer),
+                        (long long)total);
+        d->warned_unowned = true;
+    }
+}
+
+/* A writer that cannot reach any broker for longer than a lease gives the role up, so that a
+ * standby with a working path can write (and waits a lease before it competes again). */
+static void check_brokers(daemon_t *d, int64_t now) {
+    int64_t since = d->consumer != NULL ? ces_consumer_brokers_down_since(d->consumer) : 0;
+    if (since == 0 || now - since <= d->config->ha_lease_ms || d->stepping_down)
+        return;
+    if (ces_consumer_count_partitions(d->consumer, d->config->kafka_topics.items,
+                                      d->config->kafka_topics.count, 200) >= 0)
+        return; /* a broker answers: the stream is only quiet */
+    char why[128];
+    snprintf(why, sizeof(why), "no Kafka broker could be reached for %lld ms",
+             (long long)(now - since));
+    step_down(d, why);
+    d->compete_after_ms = now + d->config->ha_lease_ms;
+}
+
 static void renew_role(daemon_t *d, int64_t now) {
+    if (d->writer != NULL && d->writing) {
+        check_owned(d, now);
+        check_brokers(d, now);
+    }
     if (d->writer == NULL || !d->writing || d->stepping_down || now < d->next_renew_ms)
         return;
     int64_t every = d->config->ha_lease_ms / 4 < ROLE_RENEW_MS ? d->config->ha_lease_ms / 4
@@ -444,7 +492,7 @@ static bool wait_for_role(daemon_t *d) {
     while (!*d->signals->stop) {
         int64_t now = ces_clock_now_ms();
         standby_turn(d, now);
-        if (now >= next_try) {
+        if (now >= next_try && now >= d->compete_after_ms) {
             next_try = now + ROLE_TRY_MS;
             ces_writer_role_t role = ces_writer_try(d->writer, err, sizeof(err));
             ces_metrics_set_connected(d->metrics, role != CES_WRITER_UNKNOWN);
@@ -577,7 +625,7 @@ ces_daemon_status_t ces_daemon_run(const char *path, ces_config_t *config, ces_t
     popts.on_applied_opaque = &d;
     d.metrics = ces_metrics_new();
     ces_decoder_t *decoder = ces_decoder_new(&limits);
-    d.apply = make_apply(config, &d.leave, on_apply_heartbeat, on_apply_retrying, &d);
+    d.apply = make_apply(config, signals->stop, on_apply_heartbeat, on_apply_retrying, &d);
     if (strcmp(config->apply_ordering, "transaction") == 0) {
         char host[256] = "localhost";
         gethostname(host, sizeof(host) - 1);
@@ -626,6 +674,8 @@ done:
     free(d.http_listen);
     ces_tokens_set_metrics(tokens, NULL);
     ces_pipeline_destroy(d.pipeline);
+    if (d.writer != NULL)
+        ces_writer_leave(d.writer);
     ces_writer_destroy(d.writer);
     ces_apply_destroy(d.apply);
     ces_decoder_destroy(decoder);

@@ -283,5 +283,18 @@ int ces_inspect_status(ces_inspect_t *in, const ces_inspect_status_fns_t *fns, c
         fns->gap(fns->arg, &g);
     }
     PQclear(r);
+    r = query(in,
+              "SELECT holder, role, since, extract(epoch FROM clock_timestamp() - seen_at) FROM ",
+              ".instances WHERE group_id = $1 AND seen_at > clock_timestamp() - interval '1 minute'"
+              " ORDER BY role DESC, since",
+              1, params, errstr, errstr_size);
+    if (r == NULL)
+        return -1;
+    for (int row = 0; row < PQntuples(r) && fns->instance != NULL; row++) {
+        ces_instance_row_t i = {PQgetvalue(r, row, 0), PQgetvalue(r, row, 1),
+                                PQgetvalue(r, row, 2), strtod(PQgetvalue(r, row, 3), NULL)};
+        fns->instance(fns->arg, &i);
+    }
+    PQclear(r);
     return 0;
 }

@@ -107,12 +107,21 @@ typedef struct {
     const char *reason;
 } ces_gap_row_t;
 
+/* An instance of the group in transaction order, seen in the last minute. */
+typedef struct {
+    const char *holder;
+    const char *role; /* "writer" or "standby" */
+    const char *since;
+    double seen_seconds_ago;
+} ces_instance_row_t;
+
 typedef struct {
     void (*position)(void *arg, const ces_position_row_t *row);
     void (*progress)(void *arg, const ces_progress_row_t *row);
     void (*dead_letters)(void *arg, const ces_dead_letter_count_t *row);
     void (*gap)(void *arg, const ces_gap_row_t *row);
     void *arg;
+    void (*instance)(void *arg, const ces_instance_row_t *row);
 } ces_inspect_status_fns_t;
 
 /* Reports the group's stored positions, its progress, the dead letters by class and the source

@@ -139,7 +139,17 @@ static void add_ddl(ces_strbuf_t *sql, const char *schema) {
                         "  renewed_at timestamptz NOT NULL,\n"
                         "  lease_ms integer NOT NULL,\n"
                         "  locked boolean NOT NULL,\n"
-                        "  since timestamptz NOT NULL DEFAULT now());\n");
+                        "  since timestamptz NOT NULL DEFAULT now());\n"
+                        "CREATE TABLE IF NOT EXISTS ");
+    /* Every instance of a group in transaction order, writer or standby, for `ces2pg status`. */
+    ces_strbuf_add(sql, schema);
+    ces_strbuf_add(sql, ".instances (\n"
+                        "  group_id text NOT NULL,\n"
+                        "  holder text NOT NULL,\n"
+                        "  role text NOT NULL,\n"
+                        "  since timestamptz NOT NULL,\n"
+                        "  seen_at timestamptz NOT NULL,\n"
+                        "  PRIMARY KEY (group_id, holder));\n");
 }
 
 /* One statement naming the schema: prefix, the quoted schema, suffix. NULL when out of memory. */

@@ -6,6 +6,7 @@
 
 #include "apply/metadata.h"
 #include "apply/session.h"
+#include "util/clock.h"
 #include "util/log.h"
 #include "util/strbuf.h"
 
@@ -18,7 +19,9 @@ struct ces_writer_s {
     int64_t epoch;
     char lease_ms[24];
     char epoch_text[24];
-    char *sql_take, *sql_renew, *sql_release, *sql_seen;
+    char *sql_take, *sql_renew, *sql_release, *sql_seen, *sql_announce, *sql_leave;
+    const char *announced; /* the role last written into instances ("writer", "standby") */
+    int64_t announced_ms;
     char seen[256];
 };
 
@@ -30,7 +33,10 @@ static void free_sql(ces_writer_t *w) {
     free(w->sql_renew);
     free(w->sql_release);
     free(w->sql_seen);
+    free(w->sql_announce);
+    free(w->sql_leave);
     w->sql_take = w->sql_renew = w->sql_release = w->sql_seen = NULL;
+    w->sql_announce = w->sql_leave = NULL;
 }
 
 void ces_writer_destroy(ces_writer_t *w) {
@@ -118,7 +124,21 @@ static int make_sql(ces_writer_t *w) {
     w->sql_seen = join("SELECT holder || ' (epoch ' || epoch || ') since ' ||"
                        " to_char(since, 'YYYY-MM-DD HH24:MI:SS TZ') FROM ",
                        q, ".writers WHERE group_id = $1", NULL, NULL);
-    return w->sql_take && w->sql_renew && w->sql_release && w->sql_seen ? 0 : -1;
+    w->sql_announce = join(
+        "INSERT INTO ", q,
+        ".instances AS i (group_id, holder, role, since, seen_at)"
+        " VALUES ($1, $2, $3, clock_timestamp(), clock_timestamp())"
+        " ON CONFLICT (group_id, holder) DO UPDATE SET role = EXCLUDED.role, seen_at ="
+        " EXCLUDED.seen_at, since = CASE WHEN i.role = EXCLUDED.role THEN i.since"
+        " ELSE EXCLUDED.since END",
+        NULL, NULL);
+    w->sql_leave = join("DELETE FROM ", q, ".instances WHERE group_id = $1 AND holder = $2", NULL,
+                        NULL);
+    w->announced = NULL;
+    return w->sql_take && w->sql_renew && w->sql_release && w->sql_seen && w->sql_announce &&
+                   w->sql_leave
+               ? 0
+               : -1;
 }
 
 /* The session, connected, with its statements. Returns 0, or -1 with errstr set. */
@@ -187,6 +207,23 @@ static void unlock(ces_writer_t *w) {
     w->locked = false;
 }
 
+/* Writes this instance's role into instances when it changed, and every few seconds anyway (its
+ * seen_at tells `status` it is alive). Best effort. */
+static void announce(ces_writer_t *w, const char *role) {
+    enum { EVERY_MS = 5000 };
+    int64_t now = ces_clock_now_ms();
+    if (w->announced == role && now - w->announced_ms < EVERY_MS)
+        return;
+    const char *params[3] = {w->o.group_id, w->o.holder, role};
+    char err[256];
+    PGresult *r = query(w, w->sql_announce, 3, params, err, sizeof(err));
+    if (r != NULL) {
+        w->announced = role;
+        w->announced_ms = now;
+    }
+    PQclear(r);
+}
+
 static void remember_seen(ces_writer_t *w) {
     const char *params[1] = {w->o.group_id};
     char err[256];
@@ -211,9 +248,11 @@ ces_writer_role_t ces_writer_try(ces_writer_t *w, char *errstr, size_t errstr_si
         /* A writer that took over by its lease may not hold the lock yet: leave it to it. */
         unlock(w);
         remember_seen(w);
+        announce(w, "standby");
         return CES_WRITER_STANDBY;
     }
     snprintf(w->epoch_text, sizeof(w->epoch_text), "%lld", (long long)w->epoch);
+    announce(w, "writer");
     return CES_WRITER_WRITER;
 }
 
@@ -231,6 +270,7 @@ ces_writer_role_t ces_writer_renew(ces_writer_t *w, char *errstr, size_t errstr_
         remember_seen(w);
         return CES_WRITER_STANDBY;
     }
+    announce(w, "writer");
     return CES_WRITER_WRITER;
 }
 
@@ -242,6 +282,15 @@ void ces_writer_release(ces_writer_t *w) {
     PGresult *r = query(w, w->sql_release, 3, params, err, sizeof(err));
     PQclear(r);
     unlock(w);
+}
+
+void ces_writer_leave(ces_writer_t *w) {
+    char err[256];
+    if (w->session == NULL || connected(w, err, sizeof(err)) != 0)
+        return;
+    const char *params[2] = {w->o.group_id, w->o.holder};
+    PGresult *r = query(w, w->sql_leave, 2, params, err, sizeof(err));
+    PQclear(r);
 }
 
 int64_t ces_writer_epoch(const ces_writer_t *w) { return w->epoch; }

@@ -62,6 +62,9 @@ ces_writer_role_t ces_writer_renew(ces_writer_t *writer, char *errstr, size_t er
  * waiting for the lease. Best effort. */
 void ces_writer_release(ces_writer_t *writer);
 
+/* This instance stops: its line in `status`'s list of instances goes. Best effort. */
+void ces_writer_leave(ces_writer_t *writer);
+
 /* The epoch this instance writes under (0 before it ever wrote). */
 int64_t ces_writer_epoch(const ces_writer_t *writer);
 

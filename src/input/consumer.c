@@ -28,6 +28,7 @@ struct ces_consumer_s {
     char eof_topic[256];
     char failure[1024];
     ces_oauth_t *oauth; /* kafka.auth = "entra": the tokens librdkafka asks for; else NULL */
+    int64_t brokers_down_since; /* librdkafka said no broker is up, and nothing came since; 0 */
 };
 
 /* in, or a copy in out with every secret of c replaced by "(redacted)". */
@@ -79,6 +80,8 @@ static void error_cb(rd_kafka_t *rk, int err, const char *reason, void *opaque) 
     reason = redact(c, reason, safe, sizeof(safe));
     ces_kafkaerr_class_t cls = ces_kafkaerr_classify((rd_kafka_resp_err_t)err, reason);
     char why[512];
+    if (err == RD_KAFKA_RESP_ERR__ALL_BROKERS_DOWN && c->brokers_down_since == 0)
+        c->brokers_down_since = ces_clock_now_ms();
     if (cls == CES_KAFKAERR_AUTHENTICATION && c->oauth != NULL &&
         strstr(reason, "Failed to acquire SASL OAUTHBEARER token") != NULL) {
         /* Our own fetch failed (oauth.c): the identity layer logged why, librdkafka asks again
@@ -379,6 +382,8 @@ ces_poll_status_t ces_consumer_poll(ces_consumer_t *c, int timeout_ms, ces_recor
     }
     if (m == NULL)
         return CES_POLL_IDLE;
+    if (m->err == RD_KAFKA_RESP_ERR_NO_ERROR || m->err == RD_KAFKA_RESP_ERR__PARTITION_EOF)
+        c->brokers_down_since = 0;
     if (m->err == RD_KAFKA_RESP_ERR__PARTITION_EOF) {
         /* Copied: the name belongs to the message's topic handle. */
         snprintf(c->eof_topic, sizeof(c->eof_topic), "%s", rd_kafka_topic_name(m->rkt));
@@ -510,6 +515,31 @@ int ces_consumer_high_watermark(ces_consumer_t *c, const char *topic, int32_t pa
 size_t ces_consumer_assigned_count(const ces_consumer_t *c) { return c->assigned; }
 
 bool ces_consumer_joined(const ces_consumer_t *c) { return c->joined; }
+
+int64_t ces_consumer_brokers_down_since(const ces_consumer_t *c) { return c->brokers_down_since; }
+
+int64_t ces_consumer_count_partitions(ces_consumer_t *c, char *const *topics, size_t n,
+                                      int timeout_ms) {
+    int64_t total = 0;
+    for (size_t i = 0; i < n; i++) {
+        rd_kafka_topic_t *rkt = rd_kafka_topic_new(c->rk, topics[i], NULL);
+        const struct rd_kafka_metadata *md = NULL;
+        rd_kafka_resp_err_t err = rkt ? rd_kafka_metadata(c->rk, 0, rkt, &md, timeout_ms)
+                                      : RD_KAFKA_RESP_ERR__FAIL;
+        if (err == RD_KAFKA_RESP_ERR_NO_ERROR && md->topic_cnt == 1 && md->topics[0].err == 0)
+            total += md->topics[0].partition_cnt;
+        else
+            total = -1;
+        if (md != NULL)
+            rd_kafka_metadata_destroy(md);
+        if (rkt != NULL)
+            rd_kafka_topic_destroy(rkt);
+        if (total < 0)
+            return -1;
+    }
+    c->brokers_down_since = 0; /* a broker answered */
+    return total;
+}
 
 uint64_t ces_consumer_fetch_wakeups(const ces_consumer_t *c) {
     return ces_nudger_wakeups(c->nudger);

@@ -60,6 +60,16 @@ ces_consumer_status_t ces_consumer_new(const ces_config_t *config,
                                        ces_consumer_t **out, char *errstr, size_t errstr_size)
     __attribute__((warn_unused_result));
 
+/* Since when (the monotonic clock) librdkafka has said that no broker is up, with no record and
+ * no broker's answer since; 0 while they are reachable. */
+int64_t ces_consumer_brokers_down_since(const ces_consumer_t *consumer);
+
+/* The partitions of topics[0..n) the brokers know, asked with a metadata request of at most
+ * timeout_ms (the calling thread waits); -1 when they did not say. An answer clears
+ * ces_consumer_brokers_down_since. */
+int64_t ces_consumer_count_partitions(ces_consumer_t *consumer, char *const *topics, size_t n,
+                                      int timeout_ms);
+
 /* Leaves the group (revoking the assignment through the callbacks) and frees the consumer. Accepts
  * NULL. */
 void ces_consumer_destroy(ces_consumer_t *consumer);

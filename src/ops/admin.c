@@ -349,6 +349,8 @@ typedef struct {
     int64_t dead_letters;
     ces_gap_row_t *gaps; /* strings owned (copied) */
     size_t ngaps, gaps_cap;
+    ces_instance_row_t *instances; /* strings owned (copied) */
+    size_t ninstances, instances_cap;
     bool nomem;
 } status_t;
 
@@ -421,7 +423,26 @@ static void status_gap(void *arg, const ces_gap_row_t *row) {
     s->gaps[s->ngaps++] = g;
 }
 
+static void status_instance(void *arg, const ces_instance_row_t *row) {
+    status_t *s = arg;
+    ces_instance_row_t *is = CES_ARRAY_RESERVE(s->instances, s->instances_cap, s->ninstances + 1, 4);
+    if (is == NULL) {
+        s->nomem = true;
+        return;
+    }
+    s->instances = is;
+    s->instances[s->ninstances++] = (ces_instance_row_t){
+        dup_or_null(s, row->holder), dup_or_null(s, row->role), dup_or_null(s, row->since),
+        row->seen_seconds_ago};
+}
+
 static void status_free(status_t *s) {
+    for (size_t i = 0; i < s->ninstances; i++) {
+        free((char *)s->instances[i].holder);
+        free((char *)s->instances[i].role);
+        free((char *)s->instances[i].since);
+    }
+    free(s->instances);
     for (size_t i = 0; i < s->nparts; i++) {
         free(s->parts[i].topic);
         free(s->parts[i].updated_at);
@@ -530,6 +551,10 @@ static void print_status_text(const status_t *s, int members, const char *state,
     for (size_t i = 0; i < s->ndls; i++)
         fprintf(out, "%s %s %lld (newest %s)", i ? "," : ":", safe(a, sizeof(a), s->dls[i].class),
                 (long long)s->dls[i].count, safe(b, sizeof(b), s->dls[i].newest));
+    for (size_t i = 0; i < s->ninstances; i++)
+        fprintf(out, "%s%s %s since %s", i ? ", " : "\ninstances: ",
+                safe(a, sizeof(a), s->instances[i].role), safe(b, sizeof(b), s->instances[i].holder),
+                safe(c, sizeof(c), s->instances[i].since));
     fprintf(out, "\nsource gaps: %zu\n", s->ngaps);
     for (size_t i = 0; i < s->ngaps; i++) {
         const ces_gap_row_t *g = &s->gaps[i];
@@ -598,6 +623,16 @@ static void print_status_json(const status_t *s, int members, const char *state,
         yajl_gen_map_close(g);
     }
     yajl_gen_array_close(g);
+    json_key(g, "instances");
+    yajl_gen_array_open(g);
+    for (size_t i = 0; i < s->ninstances; i++) {
+        yajl_gen_map_open(g);
+        json_str(g, "holder", s->instances[i].holder);
+        json_str(g, "role", s->instances[i].role);
+        json_str(g, "since", s->instances[i].since);
+        yajl_gen_map_close(g);
+    }
+    yajl_gen_array_close(g);
     json_str(g, "health", health_name(h));
     json_str(g, "reason", why);
     yajl_gen_map_close(g);
@@ -624,7 +659,7 @@ ces_admin_health_t ces_admin_status(const ces_config_t *config,
         goto done;
     }
     ces_inspect_status_fns_t fns = {status_position, status_progress, status_dead_letters,
-                                    status_gap, &s};
+                                    status_gap,      &s,              status_instance};
     if (ces_inspect_status(inspect, &fns, errstr, sizeof(errstr)) != 0) {
         say_error(err, "status", errstr);
         goto done;

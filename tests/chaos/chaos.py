@@ -815,6 +815,7 @@ class Chaos:
         self.kinds = tuple(k for k in target.kinds
                            if not (soak_minutes and k in RESTARTS))
         self.daemon = None
+        self.standby = None  # transaction order has one writer: a warm standby beside it
         self.instances = 0
         self.done = []  # faults done
         self.t0 = None
@@ -855,6 +856,27 @@ class Chaos:
         return lines
 
     # -- ces2pg ------------------------------------------------------------
+
+    def start_standby(self):
+        """A second instance of the same configuration: a standby while the writer lives."""
+        writer = self.daemon
+        self.start_daemon()
+        self.standby, self.daemon = self.daemon, writer
+        self.standby.wait_log(r"standby for group", timeout=60)
+
+    def promote(self, fault):
+        """The writer is gone: the standby takes over (the writer role is in its log last), and a
+        new standby starts beside it."""
+        def writing(d):
+            log = d.log()
+            return log.rfind("writer of group '") > max(log.rfind("standby for group"),
+                                                        log.rfind("stepped down"))
+        wait_until(lambda: self.check_threads() or writing(self.standby), 60, interval=0.05,
+                   message="the standby taking over")
+        self.daemon = self.standby
+        fault.notes.append(f"the standby (ces2pg #{self.daemons.index(self.daemon) + 1}) writes")
+        self.start_standby()
+        fault.notes.append(f"ces2pg #{self.instances} stands by")
 
     def start_daemon(self):
         self.instances += 1
@@ -953,6 +975,8 @@ class Chaos:
             reader.start()
             sampler.start()
             self.note(f"ces2pg #{self.instances} started")
+            self.start_standby()
+            self.note(f"ces2pg #{self.instances} stands by")
             self.wait_progress(0, "ces2pg's first commit", timeout=120)
             if self.soak:
                 deadline = self.t0 + self.soak * 60
@@ -1005,10 +1029,11 @@ class Chaos:
     def check_alive(self):
         self.check_threads()
         self.target.alive()
-        rc = self.daemon.proc.poll()
-        if rc is not None:
-            self.fail(f"ces2pg #{self.instances} exited by itself with status {rc}; "
-                      f"log tail:\n{tail_text(self.daemon.log_path)[-4000:]}")
+        for d in (self.daemon, self.standby):
+            rc = d.proc.poll() if d is not None else None
+            if rc is not None:
+                self.fail(f"ces2pg #{self.daemons.index(d) + 1} exited by itself with status "
+                          f"{rc}; log tail:\n{tail_text(d.log_path)[-4000:]}")
 
     def sleep(self, seconds):
         end = time.monotonic() + seconds
@@ -1075,8 +1100,7 @@ class Chaos:
         rc = self.daemon.kill9()
         if rc != -signal.SIGKILL:
             self.fail(f"ces2pg #{self.instances} had exited with {rc} before kill -9")
-        self.start_daemon()
-        fault.notes.append(f"ces2pg #{self.instances} started")
+        self.promote(fault)
 
     def fault_sigterm(self, fault):
         # In the middle of a batch: ces2pg's session has written in an open
@@ -1103,7 +1127,7 @@ class Chaos:
         if rc != 0:
             self.fail(f"ces2pg #{n} exited with {rc} after SIGTERM (0 expected); "
                       f"log tail:\n{tail_text(self.daemon.log_path)[-4000:]}")
-        self.start_daemon()
+        self.promote(fault)
 
     def fault_pg_crash(self, fault):
         self.pg.restart(fault.params["down_s"], mode="immediate")
@@ -1196,6 +1220,9 @@ class Chaos:
         rc = self.daemon.terminate(timeout=90)
         if rc != 0:
             self.fail(f"the last ces2pg exited with {rc} after SIGTERM (0 expected)")
+        rc = self.standby.terminate(timeout=90)
+        if rc != 0:
+            self.fail(f"the last standby exited with {rc} after SIGTERM (0 expected)")
 
     def report(self):
         """Checks everything; returns the report or fails with it."""

@@ -536,7 +536,7 @@ def test_a_position_moved_by_another_instance_fences_the_batch(tmp_path, db, bro
     wait_applied(db, GROUP, {0: 5}, daemons=[daemon])
     db.query("UPDATE ces2pg.offsets SET next_offset = 8 WHERE group_id = %s", (GROUP,))
     b.produce("ces", rows(range(5, 10)), partition=0)
-    daemon.wait_log(r"another instance took over a partition: going back to the positions "
+    daemon.wait_log(r"another instance took over: going back to the positions "
                     r"stored in PostgreSQL")
     wait_applied(db, GROUP, {0: 10}, daemons=[daemon])
     ids = [r[0] for r in text_query(db, "SELECT id FROM dbo.fenced ORDER BY id")]

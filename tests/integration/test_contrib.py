@@ -44,6 +44,8 @@ NO_SAMPLES_YET = {
         "a series per side that logs in with Microsoft Entra ID",
     "ces2pg_identity_token_fetch_failures_total":
         "a series per side that logs in with Microsoft Entra ID",
+    "ces2pg_partitions_not_owned":
+        "the writer counts them every 10 s once it has joined the group",
 }
 # Metrics /metrics exports that the dashboard need not show.
 NOT_ON_DASHBOARD = {

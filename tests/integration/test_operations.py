@@ -588,7 +588,8 @@ def test_compose_file_is_valid(tmp_path):
     yaml = pytest.importorskip("yaml")
     spec = yaml.safe_load(compose.read_text())
     services = spec["services"]
-    assert set(services) == {"postgres", "kafka", "ces2pg", "ces-gen", "credentials"}
+    assert set(services) == {"postgres", "kafka", "ces2pg", "ces-gen", "credentials",
+                             "ces2pg-standby"}
     assert services["kafka"]["image"].startswith("apache/kafka:")
     assert "broker,controller" in services["kafka"]["environment"][
         "KAFKA_PROCESS_ROLES"]

@@ -7,11 +7,14 @@ Rows end exact and no stored position ever moves backwards. (Against Apache
 Kafka, with a bank across partitions and a reader: tests/realbroker/
 test_writer_takeover.py.)"""
 
+import json
 import os
+import re
 import signal
 import time
 
 from harness.common import free_port, wait_until
+from harness.daemon import run_ces2pg
 from harness.events import event_record
 from harness.metrics import http_get, metric, parse_metrics
 from harness.progress import BackgroundOffsetMonitor, read_offsets, wait_applied
@@ -69,6 +72,13 @@ def test_one_writer_and_a_standby_that_takes_over(tmp_path, db, broker, ces2pg):
         wait_until(lambda: role(s) == 0 and role(a) == 1, 10, message="roles on /metrics")
         status, body = readyz(s)
         assert status == 200 and "standby" in body, body
+        # ces2pg status says which instance writes and which stands by, and since when.
+        rc, out, err = run_ces2pg(["status", "--json", "-c", a.config_path])
+        roles = {(i["role"], i["holder"].split("/")[-1]) for i in json.loads(out)["instances"]}
+        assert roles == {("writer", str(a.proc.pid)), ("standby", str(s.proc.pid))}, out + err
+        rc, out, err = run_ces2pg(["status", "-c", a.config_path])
+        assert re.search(r"^instances: writer \S+/%d since .*, standby \S+/%d since " %
+                         (a.proc.pid, s.proc.pid), out, re.M), out
         b.produce("ces", rows(0, 20), partition=0)
         wait_applied(db, GROUP, {0: 20}, daemons=[a, s])
         assert "assigned" not in s.log(), "a standby joined the consumer group"
@@ -154,4 +164,49 @@ def test_partition_order_has_no_writer(tmp_path, db, broker, ces2pg):
     a.wait_log(r"assigned \d+ partition")
     assert "writer of group" not in a.log() and "standby" not in a.log()
     assert db.scalar("SELECT count(*) FROM ces2pg.writers") == 0
+    assert a.terminate() == 0
+
+
+def test_a_writer_that_owns_part_of_the_partitions_says_so(tmp_path, db, broker, ces2pg):
+    """Something else joins the group (here an instance in partition order): the writer then owns
+    only some partitions, and atomicity across them is gone. It says so once, and /metrics counts
+    the partitions it does not own."""
+    b = broker(partitions=4)
+    a = instance(ces2pg, db, b)
+    a.wait_log(r"writer of group")
+    a.wait_log(r"assigned 4 partition")
+    other = ces2pg(db, b, group=GROUP, apply_extra=['ordering = "partition";'])
+    other.wait_log(r"assigned \d+ partition")
+    a.wait_log(r"transaction order: this writer of group 'ces2pg-ha' owns [0-3] of the 4 "
+               r"partitions of its topics", timeout=30)
+
+    def unowned():
+        body = http_get(f"http://127.0.0.1:{a.port}/metrics")[1]
+        return metric(parse_metrics(body), "ces2pg_partitions_not_owned")
+    wait_until(lambda: (unowned() or 0) > 0, 15, message="ces2pg_partitions_not_owned > 0")
+    assert other.terminate() == 0
+    assert a.terminate() == 0
+
+
+def test_a_writer_cut_off_from_kafka_steps_down(tmp_path, db, broker, ces2pg):
+    """No broker answers the writer for longer than a lease: it gives the role up (a standby with
+    a working path could write), and waits a lease before it competes again. When the broker is
+    back, whichever instance writes applies the rest exactly."""
+    b = broker(partitions=2, control=True)
+    a = instance(ces2pg, db, b)
+    a.wait_log(r"writer of group")
+    s = instance(ces2pg, db, b)
+    s.wait_log(r"standby for group")
+    b.produce("ces", rows(0, 10), partition=0)
+    wait_applied(db, GROUP, {0: 10}, daemons=[a, s])
+    b.command("down 1")
+    down = time.monotonic()
+    a.wait_log(r"no Kafka broker could be reached for \d+ ms: stepping down",
+               timeout=LEASE_MS / 1000 + 30)
+    print(f"the writer stepped down {time.monotonic() - down:.1f} s after the broker went down")
+    b.command("up 1")
+    b.produce("ces", rows(10, 10), partition=1)
+    wait_applied(db, GROUP, {0: 10, 1: 10}, daemons=[a, s], timeout=90)
+    assert_rows(db, 20)
+    assert s.terminate() == 0
     assert a.terminate() == 0

@@ -13,11 +13,12 @@
 
 static char path[64];
 
-static ces_config_t *load(const char *kafka_group) {
+/* A configuration with kafka_group as its kafka section and more (other sections) after it. */
+static ces_config_t *load_with(const char *kafka_group, const char *more) {
     char text[2048];
     snprintf(text, sizeof(text),
-             "kafka = {\n%s\n};\npostgres = { conninfo = \"host=localhost dbname=x\"; };\n",
-             kafka_group);
+             "kafka = {\n%s\n};\npostgres = { conninfo = \"host=localhost dbname=x\"; };\n%s\n",
+             kafka_group, more);
     strcpy(path, "/tmp/ces2pg-test-XXXXXX");
     int fd = mkstemp(path);
     assert_true(fd >= 0);
@@ -31,6 +32,10 @@ static ces_config_t *load(const char *kafka_group) {
         fail_msg("%s", err);
     return c;
 }
+
+static ces_config_t *load(const char *kafka_group) { return load_with(kafka_group, ""); }
+
+#define PARTITION_ORDER "apply = { ordering = \"partition\"; };"
 
 /* Asserts the value librdkafka would be given for name. */
 static void assert_property(const ces_config_t *c, const char *name, const char *expected) {
@@ -83,25 +88,36 @@ static void plain_broker_gets_ces2pg_defaults(void **state) {
     assert_property(c, "partition.assignment.strategy", "cooperative-sticky");
     assert_property(c, "session.timeout.ms", "10000");
     assert_property(c, "heartbeat.interval.ms", "3000");
-    assert_unset(c, "group.instance.id"); /* dynamic membership unless asked */
+    /* Transaction order: only the group's writer joins, always under one name (writer.h). */
+    assert_property(c, "group.instance.id", "ces2pg-writer-g");
+    ces_config_destroy(c);
+    c = load_with("brokers = \"127.0.0.1:9092\"; topics = [\"ces\"]; group_id = \"g/x y\";",
+                  "");
+    assert_property(c, "group.instance.id", "ces2pg-writer-g_x_y");
+    ces_config_destroy(c);
+    c = load_with("brokers = \"127.0.0.1:9092\"; topics = [\"ces\"]; group_id = \"g\";",
+                  PARTITION_ORDER);
+    assert_unset(c, "group.instance.id"); /* partition order: dynamic membership unless asked */
     ces_config_destroy(c);
 }
 
-/* kafka.group_instance_id, else $CES2PG_GROUP_INSTANCE_ID, is the static group membership id;
- * "" turns it off; setting it through kafka.properties is refused. */
+/* In partition order, kafka.group_instance_id, else $CES2PG_GROUP_INSTANCE_ID, is the static group
+ * membership id; "" turns it off; setting it through kafka.properties is refused. */
 static void static_membership_from_key_or_environment(void **state) {
     (void)state;
     unsetenv(CES_CONFIG_GROUP_INSTANCE_ENV);
-    ces_config_t *c = load("brokers = \"b:1\"; topics = [\"ces\"]; group_id = \"g\";\n"
-                           "group_instance_id = \"host-a\";");
+    ces_config_t *c = load_with("brokers = \"b:1\"; topics = [\"ces\"]; group_id = \"g\";\n"
+                                "group_instance_id = \"host-a\";",
+                                PARTITION_ORDER);
     assert_property(c, "group.instance.id", "host-a");
     ces_config_destroy(c);
     setenv(CES_CONFIG_GROUP_INSTANCE_ENV, "host-b.ces2pg", 1);
-    c = load("brokers = \"b:1\"; topics = [\"ces\"]; group_id = \"g\";");
+    c = load_with("brokers = \"b:1\"; topics = [\"ces\"]; group_id = \"g\";", PARTITION_ORDER);
     assert_property(c, "group.instance.id", "host-b.ces2pg");
     ces_config_destroy(c);
-    c = load("brokers = \"b:1\"; topics = [\"ces\"]; group_id = \"g\";\n"
-             "group_instance_id = \"\";");
+    c = load_with("brokers = \"b:1\"; topics = [\"ces\"]; group_id = \"g\";\n"
+                  "group_instance_id = \"\";",
+                  PARTITION_ORDER);
     assert_unset(c, "group.instance.id");
     ces_config_destroy(c);
     unsetenv(CES_CONFIG_GROUP_INSTANCE_ENV);
