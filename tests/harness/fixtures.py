@@ -25,7 +25,6 @@ import itertools
 import os
 import re
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -38,7 +37,7 @@ from harness import reports
 from harness.daemon import Daemon, make_config, write_config
 from harness.mockbroker import Broker
 from harness.postgres import Database, Postgres
-from harness.realkafka import KAFKA_SCRIPT, RealKafka, missing_tools
+from harness.realkafka import fetch_or_skip, running
 
 # --------------------------------------------------------------------------
 # Failure reports
@@ -231,37 +230,16 @@ def ces2pg(tmp_path, request, db, broker):
 @pytest.fixture(scope="session")
 def kafka():
     """The session's Apache Kafka broker (started once)."""
-    missing = missing_tools()
-    if missing:
-        why = ("real-broker tier needs " + ", ".join(missing)
-               + " (Debian: openjdk-17-jdk-headless maven openssl)")
-        if os.environ.get("CI") == "true":
-            pytest.fail(why + ": under CI a skipped tier is a failure")
-        pytest.skip(why)
+    started = time.monotonic()
+    fetch_or_skip()
     keep = os.environ.get("CES2PG_KAFKA_DIR")
     directory = Path(keep) if keep else Path(
         tempfile.mkdtemp(prefix="ces2pg-kafka-"))
     if keep:
         shutil.rmtree(directory, ignore_errors=True)
-    # Fetching (Maven) is separate from starting, so each has its own time
-    # limit; the first run on a fresh machine downloads about 60 MB.
-    started = time.monotonic()
-    r = subprocess.run([str(KAFKA_SCRIPT), "fetch"], capture_output=True,
-                       text=True, timeout=900, stdin=subprocess.DEVNULL)
-    if r.returncode != 0:
-        pytest.fail(f"kafka-broker fetch failed:\n{r.stdout}\n{r.stderr}")
-    fetched = time.monotonic()
-    server = RealKafka(directory)
-    try:
-        server.wait_ready(120)
-        print(f"\nkafka: fetched in {fetched - started:.1f}s, ready in "
-              f"{time.monotonic() - fetched:.1f}s (PLAINTEXT {server.plaintext}"
-              f", SASL_SSL {server.sasl_ssl})", file=sys.stderr)
+    print(f"\nkafka: fetched in {time.monotonic() - started:.1f}s", file=sys.stderr)
+    with running(directory, not keep, "kafka") as server:
         yield server
-    finally:
-        server.stop()
-        if not keep:
-            shutil.rmtree(directory, ignore_errors=True)
 
 
 @pytest.fixture

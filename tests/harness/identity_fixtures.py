@@ -25,17 +25,14 @@ import itertools
 import os
 import re
 import shutil
-import subprocess
-import sys
 import tempfile
-import time
 from pathlib import Path
 
 import pytest
 
 from harness import reports
 from harness.identity import IdentityService
-from harness.realkafka import KAFKA_SCRIPT, RealKafka, missing_tools
+from harness.realkafka import fetch_or_skip, running
 
 
 @pytest.fixture(scope="session")
@@ -63,25 +60,11 @@ def identity_service(identity_server, request, tmp_path):
     identity_server.start()
 
 
-def _fetch_kafka_or_skip():
-    missing = missing_tools()
-    if missing:
-        why = ("real-broker tier needs " + ", ".join(missing)
-               + " (Debian: openjdk-17-jdk-headless maven openssl)")
-        if os.environ.get("CI") == "true":
-            pytest.fail(why + ": under CI a skipped tier is a failure")
-        pytest.skip(why)
-    r = subprocess.run([str(KAFKA_SCRIPT), "fetch"], capture_output=True,
-                       text=True, timeout=900, stdin=subprocess.DEVNULL)
-    if r.returncode != 0:
-        pytest.fail(f"kafka-broker fetch failed:\n{r.stdout}\n{r.stderr}")
-
-
 @pytest.fixture(scope="module")
 def kafka_oauth(identity_server, request):
     """Apache Kafka with an OAUTH listener trusting identity_server, for one
     module (its KAFKA_OAUTH_REAUTH_MS sets connections.max.reauth.ms)."""
-    _fetch_kafka_or_skip()
+    fetch_or_skip()
     reauth_ms = getattr(request.module, "KAFKA_OAUTH_REAUTH_MS", 20000)
     keep = os.environ.get("CES2PG_KAFKA_DIR")
     if keep:
@@ -90,19 +73,9 @@ def kafka_oauth(identity_server, request):
         shutil.rmtree(directory, ignore_errors=True)
     else:
         directory = Path(tempfile.mkdtemp(prefix="ces2pg-kafka-oauth-"))
-    started = time.monotonic()
-    server = RealKafka(directory, oauth_jwks_url=identity_server.jwks_url,
-                       oauth_reauth_ms=reauth_ms)
-    try:
-        server.wait_ready(120)
-        print(f"\nkafka (OAUTH): ready in {time.monotonic() - started:.1f}s "
-              f"(PLAINTEXT {server.plaintext}, OAUTH {server.oauth}, "
-              f"reauth {reauth_ms} ms)", file=sys.stderr)
+    with running(directory, not keep, f"kafka (OAUTH, reauth {reauth_ms} ms)",
+                 oauth_jwks_url=identity_server.jwks_url, oauth_reauth_ms=reauth_ms) as server:
         yield server
-    finally:
-        server.stop()
-        if not keep:
-            shutil.rmtree(directory, ignore_errors=True)
 
 
 @pytest.fixture

@@ -13,11 +13,13 @@ JWKS document, as harness.identity's service signs them): its address is
 .oauth, and oauth_config() the settings of a client of it.
 """
 
+import contextlib
 import os
 import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -46,6 +48,46 @@ def missing_tools():
     if shutil.which("mvn") is None and not any(lib.glob("kafka_2.13-*.jar")):
         missing.append("mvn")
     return missing
+
+
+def fetch_or_skip():
+    """Fetches the pinned release (kafka-broker fetch) unless it is there; a
+    missing tool skips the test, and fails it under CI (CI=true)."""
+    import pytest
+
+    missing = missing_tools()
+    if missing:
+        why = ("real-broker tier needs " + ", ".join(missing)
+               + " (Debian: openjdk-17-jdk-headless maven openssl)")
+        if os.environ.get("CI") == "true":
+            pytest.fail(why + ": under CI a skipped tier is a failure")
+        pytest.skip(why)
+    # Fetching (Maven) has its own time limit; the first run on a fresh
+    # machine downloads about 60 MB.
+    r = subprocess.run([str(KAFKA_SCRIPT), "fetch"], capture_output=True,
+                       text=True, timeout=900, stdin=subprocess.DEVNULL)
+    if r.returncode != 0:
+        pytest.fail(f"kafka-broker fetch failed:\n{r.stdout}\n{r.stderr}")
+
+
+@contextlib.contextmanager
+def running(directory, remove, label, **kwargs):
+    """A RealKafka(directory, **kwargs) ready for clients while the block
+    runs, stopped after it (and its directory removed when remove)."""
+    started = time.monotonic()
+    server = RealKafka(directory, **kwargs)
+    try:
+        server.wait_ready(120)
+        listeners = f"PLAINTEXT {server.plaintext}, SASL_SSL {server.sasl_ssl}"
+        if server.oauth:
+            listeners += f", OAUTH {server.oauth}"
+        print(f"\n{label}: ready in {time.monotonic() - started:.1f}s ({listeners})",
+              file=sys.stderr)
+        yield server
+    finally:
+        server.stop()
+        if remove:
+            shutil.rmtree(directory, ignore_errors=True)
 
 
 class RealKafka:

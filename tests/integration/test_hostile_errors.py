@@ -36,6 +36,15 @@ def two_ints(table, v, extra=None):
     return record(table, cols, current, ["id"])
 
 
+def lost_table(db):
+    """dbo.lost, whose trigger inserts into a table that does not exist (42P01 each time)."""
+    db.query("CREATE TABLE dbo.lost (id int PRIMARY KEY, v int)")
+    db.query("""CREATE FUNCTION dbo.lose() RETURNS trigger LANGUAGE plpgsql AS
+                $$ BEGIN INSERT INTO dbo.nowhere VALUES (1); RETURN NEW; END $$""")
+    db.query("CREATE TRIGGER lose BEFORE INSERT ON dbo.lost"
+             " FOR EACH ROW EXECUTE FUNCTION dbo.lose()")
+
+
 def replay(db, tmp_path, name, records, **kw):
     path = write_records(tmp_path / name, records)
     started = time.monotonic()
@@ -70,11 +79,7 @@ def test_refusals_of_the_events_own_are_dead_letters(tmp_path, db):
     db.query("CREATE VIEW dbo.viewed AS SELECT * FROM dbo.base")
     # A trigger naming a table that does not exist: 42P01 each time, which looks like a table
     # that changed underneath; the same change meeting it three times running is the change's.
-    db.query("CREATE TABLE dbo.lost (id int PRIMARY KEY, v int)")
-    db.query("""CREATE FUNCTION dbo.lose() RETURNS trigger LANGUAGE plpgsql AS
-                $$ BEGIN INSERT INTO dbo.nowhere VALUES (1); RETURN NEW; END $$""")
-    db.query("CREATE TRIGGER lose BEFORE INSERT ON dbo.lost"
-             " FOR EACH ROW EXECUTE FUNCTION dbo.lose()")
+    lost_table(db)
     records = [
         ordinary(1),
         record("gen", [("id", "int"), ("v", "int"), ("g", "int")],
@@ -250,11 +255,7 @@ def test_a_change_that_keeps_failing_inside_a_streamed_transaction(tmp_path, db,
     table changed underneath): the stream is read again after a wait, counted, and the change that
     keeps failing is dead-lettered, so the rest of the transaction commits and the stream goes on."""
     db.query("CREATE SCHEMA dbo")
-    db.query("CREATE TABLE dbo.lost (id int PRIMARY KEY, v int)")
-    db.query("""CREATE FUNCTION dbo.lose() RETURNS trigger LANGUAGE plpgsql AS
-                $$ BEGIN INSERT INTO dbo.nowhere VALUES (1); RETURN NEW; END $$""")
-    db.query("CREATE TRIGGER lose BEFORE INSERT ON dbo.lost"
-             " FOR EACH ROW EXECUTE FUNCTION dbo.lose()")
+    lost_table(db)
     cols = [("OrderId", "int"), ("Customer", "nvarchar(50)")]
     events = [("Orders", cols, {"OrderId": str(i), "Customer": f"c{i}"}, ["OrderId"])
               for i in range(1, 251)]

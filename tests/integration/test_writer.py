@@ -61,6 +61,23 @@ def applied_within(db, b, start, seconds, daemons):
     return time.monotonic() - began
 
 
+def stop(d):
+    assert d.terminate() == 0
+
+
+def takeover(db, b, end_writer, standby, epoch, row, how):
+    """Ends the writer; the standby must have the role (epoch) within 1.5 s and then apply
+    row."""
+    ended = time.monotonic()
+    end_writer()
+    standby.wait_log(r"writer of group 'ces2pg-ha' \(epoch %d, " % epoch, timeout=10)
+    role_taken = time.monotonic() - ended
+    took = applied_within(db, b, row, 15, [standby])
+    print(f"takeover after {how}: role in {role_taken:.2f} s, applying after "
+          f"{role_taken + took:.2f} s")
+    assert role_taken <= 1.5, role_taken
+
+
 def test_one_writer_and_a_standby_that_takes_over(tmp_path, db, broker, ces2pg):
     b = broker(partitions=2)
     watcher = BackgroundOffsetMonitor(db, GROUP).start()
@@ -87,26 +104,12 @@ def test_one_writer_and_a_standby_that_takes_over(tmp_path, db, broker, ces2pg):
         # role within a second. librdkafka's mock cluster then waits for the dead member's
         # session (session.timeout.ms, 4 s here) where Apache Kafka replaces its static
         # membership at once (tests/realbroker/test_writer_takeover.py holds that to 5 s).
-        a.kill9()
-        killed = time.monotonic()
-        s.wait_log(r"writer of group 'ces2pg-ha' \(epoch 2, ", timeout=10)
-        role_taken = time.monotonic() - killed
-        took = applied_within(db, b, 20, 15, [s])
-        print(f"takeover after kill -9: role in {role_taken:.2f} s, applying after "
-              f"{role_taken + took:.2f} s")
-        assert role_taken <= 1.5, role_taken
+        takeover(db, b, lambda: a.kill9(), s, epoch=2, row=20, how="kill -9")
 
         # SIGTERM: the writer gives the role up at once.
         c = instance(ces2pg, db, b)
         c.wait_log(r"standby for group")
-        assert s.terminate() == 0
-        stopped = time.monotonic()
-        c.wait_log(r"writer of group 'ces2pg-ha' \(epoch 3, ", timeout=10)
-        role_taken = time.monotonic() - stopped
-        took = applied_within(db, b, 21, 15, [c])
-        print(f"takeover after SIGTERM: role in {role_taken:.2f} s, applying after "
-              f"{role_taken + took:.2f} s")
-        assert role_taken <= 1.5, role_taken
+        takeover(db, b, lambda: stop(s), c, epoch=3, row=21, how="SIGTERM")
     finally:
         watcher.stop()
     assert watcher.monitor.polls > 20
