@@ -11,6 +11,8 @@ import json
 import os
 import re
 import signal
+import socket
+import threading
 import time
 
 from harness.common import free_port, wait_until
@@ -212,4 +214,89 @@ def test_a_writer_cut_off_from_kafka_steps_down(tmp_path, db, broker, ces2pg):
     wait_applied(db, GROUP, {0: 10, 1: 10}, daemons=[a, s], timeout=90)
     assert_rows(db, 20)
     assert s.terminate() == 0
+    assert a.terminate() == 0
+
+
+class CuttableProxy:
+    """A TCP proxy in front of PostgreSQL whose path can be cut (every connection closed, new
+    ones refused) and restored on the same port."""
+
+    def __init__(self, server):
+        self.target = (server.host, server.port)
+        self.port = free_port()
+        self.conns = []
+        self.lock = threading.Lock()
+        self.listener = None
+        self.restore()
+
+    def restore(self):
+        self.listener = socket.create_server(("127.0.0.1", self.port), reuse_port=False)
+        threading.Thread(target=self._accept, args=(self.listener,), daemon=True).start()
+
+    def cut(self):
+        self.listener.close()
+        with self.lock:
+            for c in self.conns:
+                try:
+                    c.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+                c.close()
+            self.conns = []
+
+    def _accept(self, listener):
+        while True:
+            try:
+                client, _ = listener.accept()
+            except OSError:
+                return
+            upstream = socket.create_connection(self.target)
+            with self.lock:
+                self.conns += [client, upstream]
+            for src, dst in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pump, args=(src, dst), daemon=True).start()
+
+    @staticmethod
+    def _pump(src, dst):
+        try:
+            while True:
+                data = src.recv(65536)
+                if not data:
+                    break
+                dst.sendall(data)
+        except OSError:
+            pass
+        for s in (src, dst):
+            try:
+                s.close()
+            except OSError:
+                pass
+
+
+def test_a_standby_cut_off_from_postgresql_stays_a_standby(tmp_path, db, broker, ces2pg):
+    b = broker(partitions=2)
+    a = instance(ces2pg, db, b)
+    a.wait_log(r"writer of group")
+    proxy = CuttableProxy(db.server)
+    try:
+        s = instance(ces2pg, db, b, conninfo=re.sub(r"port=\d+", f"port={proxy.port}",
+                                                    re.sub(r"host=\S+", "host=127.0.0.1",
+                                                           db.conninfo)))
+        s.wait_log(r"standby for group")
+        proxy.cut()
+        s.wait_log(r"standby for group 'ces2pg-ha': cannot ask PostgreSQL who writes: ",
+                   timeout=30)
+        wait_until(lambda: readyz(s)[0] == 503, 15, message="the standby not ready")
+        b.produce("ces", rows(0, 10), partition=0)
+        wait_applied(db, GROUP, {0: 10}, daemons=[a, s])
+        time.sleep(LEASE_MS / 1000 + 1)  # longer than a lease: it must not take the role
+        assert "writer of group" not in s.log()
+        assert s.alive() and role(s) == 0
+        proxy.restore()
+        wait_until(lambda: readyz(s)[0] == 200, 30, message="the standby ready again")
+        assert "writer of group" not in s.log()
+        assert s.terminate() == 0
+    finally:
+        proxy.cut()
+    assert_rows(db, 10)
     assert a.terminate() == 0
