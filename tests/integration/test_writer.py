@@ -131,6 +131,13 @@ def test_a_frozen_writer_is_replaced_and_writes_nothing_more(tmp_path, db, broke
     s.wait_log(r"standby for group")
     b.produce("ces", rows(0, 10), partition=0)
     wait_applied(db, GROUP, {0: 10}, daemons=[a, s])
+    # Every change that reaches the table, and the PostgreSQL transaction it went in.
+    db.query("CREATE TABLE public.applied (xid bigint, orderid int)")
+    db.query("""CREATE FUNCTION public.applied() RETURNS trigger LANGUAGE plpgsql AS
+                $$ BEGIN INSERT INTO public.applied VALUES (txid_current(), NEW.orderid);
+                RETURN NULL; END $$""")
+    db.query("CREATE TRIGGER applied AFTER INSERT OR UPDATE ON dbo.orders"
+             " FOR EACH ROW EXECUTE FUNCTION public.applied()")
     watcher = BackgroundOffsetMonitor(db, GROUP).start()
     holder = db.connect()
     try:
@@ -158,6 +165,9 @@ def test_a_frozen_writer_is_replaced_and_writes_nothing_more(tmp_path, db, broke
         holder.close()
         watcher.stop()
     assert_rows(db, 20)
+    # The old writer's batch never committed: each change was applied once, by the new writer.
+    assert db.query("SELECT orderid, count(*) FROM public.applied GROUP BY 1 ORDER BY 1") == \
+        [(i, 1) for i in range(10, 20)]
     assert role(a) == 0 and role(s) == 1
     assert s.terminate() == 0
     assert a.terminate() == 0
