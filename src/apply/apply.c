@@ -287,7 +287,8 @@ static int attempt_send(ces_apply_t *a, attempt_t *at) {
     ces_inflight_t *q = at->inflight;
     ces_batch_t *batch = at->batch;
     if (prepare_tables(a, batch, at->tables, e) != 0 || ces_inflight_begin(q) != 0 ||
-        ces_inflight_simple(q, at->step == STEP_WHOLE ? "BEGIN" : "SAVEPOINT ces_step") != 0)
+        ces_inflight_simple(q, at->step == STEP_WHOLE ? "BEGIN" : "SAVEPOINT ces_step") != 0 ||
+        (at->step == STEP_CHUNK && ces_ledger_writer_check(q, a->positions) != 0))
         return -1;
     for (size_t i = 0; i < batch->count; i++) {
         ces_item_t *item = &batch->items[i];

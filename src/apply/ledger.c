@@ -155,10 +155,16 @@ static int send_progress(ces_inflight_t *q, const ces_metadata_t *metadata,
                       CES_INFLIGHT_OTHER, -1);
 }
 
+int ces_ledger_writer_check(ces_inflight_t *q, const ces_positions_t *positions) {
+    const char *writer[3];
+    const char *sql = ces_positions_writer_sql(positions, false, writer);
+    return sql == NULL ? 0 : send_query(q, sql, 3, writer, NULL, NULL, CES_INFLIGHT_OFFSET, -1);
+}
+
 int ces_ledger_positions(ces_inflight_t *q, const ces_metadata_t *metadata,
                          const ces_positions_t *positions, const ces_batch_t *batch) {
     const char *writer[3];
-    const char *writer_sql = ces_positions_writer_sql(positions, writer);
+    const char *writer_sql = ces_positions_writer_sql(positions, true, writer);
     if (writer_sql != NULL && send_query(q, writer_sql, 3, writer, NULL, NULL,
                                          CES_INFLIGHT_OFFSET, -1) != 0)
         return -1;

@@ -24,6 +24,11 @@ int ces_ledger_dead_letter(ces_inflight_t *inflight, const ces_metadata_t *metad
                            const ces_item_t *item, bool retrying)
     __attribute__((warn_unused_result));
 
+/* Sends the writer's check without renewal (positions.h), for a streamed transaction's parts: a
+ * writer that lost its role stops there instead of holding its rows locked to the end. */
+int ces_ledger_writer_check(ces_inflight_t *inflight, const ces_positions_t *positions)
+    __attribute__((warn_unused_result));
+
 /* Sends what the batch's transaction records besides its changes: the fenced positions, the
  * source gaps they move past, and the group's progress (or, retrying, the removal of the dead
  * letters that applied). */

@@ -140,6 +140,7 @@ struct ces_positions_s {
     char *sql_read;
     char *sql_gap;
     char *sql_writer;
+    char *sql_writer_check;
     /* The writer fence (writer.h); no holder: none. */
     char *holder;
     char epoch[24];
@@ -162,6 +163,7 @@ void ces_positions_destroy(ces_positions_t *p) {
     free(p->group_id);
     free(p->holder);
     free(p->sql_writer);
+    free(p->sql_writer_check);
     free(p->sql_update);
     free(p->sql_read);
     free(p->sql_gap);
@@ -169,7 +171,12 @@ void ces_positions_destroy(ces_positions_t *p) {
 }
 
 int ces_positions_set_schema(ces_positions_t *p, const char *schema_quoted) {
-    ces_strbuf_t update = {0}, read = {0}, gap = {0}, writer = {0};
+    ces_strbuf_t update = {0}, read = {0}, gap = {0}, writer = {0}, check = {0};
+    /* The same, without renewing (and so without locking the row) for the parts of a streamed
+     * transaction, which stays open for longer than a writer's renewal may wait. */
+    ces_strbuf_add(&check, "SELECT 1 / count(*)::int FROM ");
+    ces_strbuf_add(&check, schema_quoted);
+    ces_strbuf_add(&check, ".writers WHERE group_id = $1 AND holder = $2 AND epoch = $3");
     /* The writer fence: the batch commits only while the writers row still names this instance
      * with its epoch (renewing its lease); otherwise the same division by zero as below. */
     ces_strbuf_add(&writer, "WITH held AS (UPDATE ");
@@ -199,15 +206,18 @@ int ces_positions_set_schema(ces_positions_t *p, const char *schema_quoted) {
     free(p->sql_read);
     free(p->sql_gap);
     free(p->sql_writer);
-    p->sql_update = p->sql_read = p->sql_gap = p->sql_writer = NULL;
-    if (update.failed || read.failed || gap.failed || writer.failed) {
+    free(p->sql_writer_check);
+    p->sql_update = p->sql_read = p->sql_gap = p->sql_writer = p->sql_writer_check = NULL;
+    if (update.failed || read.failed || gap.failed || writer.failed || check.failed) {
         ces_strbuf_free(&update);
         ces_strbuf_free(&read);
         ces_strbuf_free(&gap);
         ces_strbuf_free(&writer);
+        ces_strbuf_free(&check);
         return -1;
     }
     p->sql_writer = writer.buf;
+    p->sql_writer_check = check.buf;
     p->sql_update = update.buf;
     p->sql_read = read.buf;
     p->sql_gap = gap.buf;
@@ -226,13 +236,13 @@ int ces_positions_set_writer(ces_positions_t *p, const char *holder, int64_t epo
     return 0;
 }
 
-const char *ces_positions_writer_sql(const ces_positions_t *p, const char *values[3]) {
+const char *ces_positions_writer_sql(const ces_positions_t *p, bool renew, const char *values[3]) {
     if (p->holder == NULL)
         return NULL;
     values[0] = p->group_id;
     values[1] = p->holder;
     values[2] = p->epoch;
-    return p->sql_writer;
+    return renew ? p->sql_writer : p->sql_writer_check;
 }
 
 void ces_positions_update_params(const ces_positions_t *p, const ces_position_update_t *o,

@@ -167,8 +167,11 @@ const char *ces_positions_gap_sql(const ces_positions_t *positions);
 int ces_positions_set_writer(ces_positions_t *positions, const char *holder, int64_t epoch)
     __attribute__((warn_unused_result));
 /* The writer check and its three parameters (in values, references valid until the next
- * set_writer), or NULL when there is none. */
-const char *ces_positions_writer_sql(const ces_positions_t *positions, const char *values[3]);
+ * set_writer), or NULL when there is none. renew: the check that also renews the lease (and locks
+ * the row until the transaction ends: a transaction's last step); else a plain read (a streamed
+ * transaction's parts). */
+const char *ces_positions_writer_sql(const ces_positions_t *positions, bool renew,
+                                     const char *values[3]);
 /* Fills params for gap (whose strings must outlive params' use). */
 void ces_positions_gap_params(const ces_positions_t *positions, const ces_source_gap_t *gap,
                               ces_positions_gap_params_t *params);

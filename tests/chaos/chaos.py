@@ -857,26 +857,43 @@ class Chaos:
 
     # -- ces2pg ------------------------------------------------------------
 
+    @staticmethod
+    def role(d):
+        """What an instance says it is last: "writer", "standby", or None (nothing yet)."""
+        log = d.log()
+        writer = log.rfind("writer of group '")
+        standby = max(log.rfind("standby for group"), log.rfind("stepped down"))
+        if writer < 0 and standby < 0:
+            return None
+        return "writer" if writer > standby else "standby"
+
     def start_standby(self):
-        """A second instance of the same configuration: a standby while the writer lives."""
-        writer = self.daemon
+        """A second instance of the same configuration: a standby while the writer lives. Just
+        after a start either may have got the role first: the one that says it stands by is
+        the standby."""
+        other = self.daemon
         self.start_daemon()
-        self.standby, self.daemon = self.daemon, writer
-        self.standby.wait_log(r"standby for group", timeout=60)
+        new = self.daemon
+        wait_until(lambda: self.check_threads() or self.role(new) is not None, 60,
+                   interval=0.05, message="the new instance saying whether it writes")
+        self.standby, self.daemon = (new, other) if self.role(new) == "standby" else (other, new)
+
+    def writer_first(self):
+        """Other faults (a PostgreSQL crash ends every session) may have moved the role: the
+        instance that writes now is the one a kill or stop hits."""
+        if self.standby is not None and self.role(self.standby) == "writer" and \
+                self.role(self.daemon) != "writer":
+            self.daemon, self.standby = self.standby, self.daemon
 
     def promote(self, fault):
         """The writer is gone: the standby takes over (the writer role is in its log last), and a
         new standby starts beside it."""
-        def writing(d):
-            log = d.log()
-            return log.rfind("writer of group '") > max(log.rfind("standby for group"),
-                                                        log.rfind("stepped down"))
-        wait_until(lambda: self.check_threads() or writing(self.standby), 60, interval=0.05,
-                   message="the standby taking over")
+        wait_until(lambda: self.check_threads() or self.role(self.standby) == "writer", 60,
+                   interval=0.05, message="the standby taking over")
         self.daemon = self.standby
-        fault.notes.append(f"the standby (ces2pg #{self.daemons.index(self.daemon) + 1}) writes")
+        fault.notes.append(f"the standby (ces2pg #{self.daemon.number}) writes")
         self.start_standby()
-        fault.notes.append(f"ces2pg #{self.instances} stands by")
+        fault.notes.append(f"ces2pg #{self.standby.number} stands by")
 
     def start_daemon(self):
         self.instances += 1
@@ -891,6 +908,7 @@ class Chaos:
                          f"reorder_window_max_ms = {WINDOW_MAX_MS};"],
             extra_config='log = { level = "info"; progress_interval = 5; };',
             **kw)
+        self.daemon.number = self.instances
         self.daemons.append(self.daemon)
         return self.daemon
 
@@ -1032,7 +1050,7 @@ class Chaos:
         for d in (self.daemon, self.standby):
             rc = d.proc.poll() if d is not None else None
             if rc is not None:
-                self.fail(f"ces2pg #{self.daemons.index(d) + 1} exited by itself with status "
+                self.fail(f"ces2pg #{d.number} exited by itself with status "
                           f"{rc}; log tail:\n{tail_text(d.log_path)[-4000:]}")
 
     def sleep(self, seconds):
@@ -1097,12 +1115,14 @@ class Chaos:
     # -- the faults --------------------------------------------------------
 
     def fault_kill9(self, fault):
+        self.writer_first()
         rc = self.daemon.kill9()
         if rc != -signal.SIGKILL:
             self.fail(f"ces2pg #{self.instances} had exited with {rc} before kill -9")
         self.promote(fault)
 
     def fault_sigterm(self, fault):
+        self.writer_first()
         # In the middle of a batch: ces2pg's session has written in an open
         # transaction (a few seconds at most).
         mid = None

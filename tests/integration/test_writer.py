@@ -310,3 +310,24 @@ def test_a_standby_cut_off_from_postgresql_stays_a_standby(tmp_path, db, broker,
         proxy.cut()
     assert_rows(db, 10)
     assert a.terminate() == 0
+
+
+def test_postgresql_restarting_under_a_writer_and_a_standby(tmp_path, db, broker, ces2pg):
+    """PostgreSQL restarts: every session ends, the writer's advisory lock
+    with it, so the standby may take the role. Whichever writes afterwards applies the rest
+    exactly, and the other stands by."""
+    b = broker(partitions=2)
+    a = instance(ces2pg, db, b)
+    a.wait_log(r"writer of group")
+    s = instance(ces2pg, db, b)
+    s.wait_log(r"standby for group")
+    b.produce("ces", rows(0, 10), partition=0)
+    wait_applied(db, GROUP, {0: 10}, daemons=[a, s])
+    for n in range(2):
+        db.server.restart(2.6)
+        b.produce("ces", rows(10 + 10 * n, 10), partition=1)
+        wait_applied(db, GROUP, {0: 10, 1: 10 * (n + 1)}, daemons=[a, s], timeout=60)
+    assert_rows(db, 30)
+    wait_until(lambda: sorted([role(a), role(s)]) == [0, 1], 30, message="one writer")
+    assert s.terminate() == 0
+    assert a.terminate() == 0
