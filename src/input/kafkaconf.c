@@ -1,6 +1,7 @@
 #include "input/kafkaconf.h"
 
 #include <stdbool.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -190,11 +191,20 @@ static int set_key(rd_kafka_conf_t *conf, const ces_config_t *config, const char
 }
 
 /* Transaction order has one writer per group (apply/writer.h), and only the writer joins the
- * group: all its instances join under one static name, so that a standby taking over replaces the
- * writer's membership at once instead of after the dead writer's session timed out. Group ids
- * may hold what instance ids may not: those bytes become '_'. */
+ * group: all the instances of a stream (its group and topics) join under one static name, so that
+ * a standby taking over replaces the writer's membership at once instead of after the dead
+ * writer's session timed out. The topics are in the name (a hash of them): a member rejoining
+ * under a static name keeps its old assignment, which a group given other topics must not. Group
+ * ids may hold what instance ids may not: those bytes become '_'. */
 static void writer_instance_id(const ces_config_t *config, char *out, size_t out_size) {
-    int n = snprintf(out, out_size, "ces2pg-writer-%s", config->kafka_group_id);
+    uint32_t hash = 2166136261u; /* FNV-1a over the topics, in the order given */
+    for (size_t t = 0; t < config->kafka_topics.count; t++) {
+        for (const char *p = config->kafka_topics.items[t]; *p != '\0'; p++)
+            hash = (hash ^ (unsigned char)*p) * 16777619u;
+        hash = (hash ^ 0xFFu) * 16777619u;
+    }
+    int n = snprintf(out, out_size, "ces2pg-writer-%.200s-%08x", config->kafka_group_id,
+                     (unsigned)hash);
     for (int i = 0; i < n && (size_t)i < out_size - 1; i++) {
         char ch = out[i];
         if (!((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||

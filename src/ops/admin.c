@@ -668,6 +668,10 @@ ces_admin_health_t ces_admin_status(const ces_config_t *config,
         fprintf(err, "ces2pg: status: out of memory\n");
         goto done;
     }
+    /* In transaction order the writer's static membership outlives a clean stop until its
+     * session times out; the instances it keeps in PostgreSQL (gone at a clean stop) say. */
+    if (strcmp(config->apply_ordering, "transaction") == 0 && s.ninstances == 0 && members > 0)
+        members = 0;
     h = judge(&s, members, config->kafka_group_id, o, why, sizeof(why));
     if (o->json)
         print_status_json(&s, members, state, config->kafka_group_id, h, why, out);

@@ -89,11 +89,11 @@ static void plain_broker_gets_ces2pg_defaults(void **state) {
     assert_property(c, "session.timeout.ms", "10000");
     assert_property(c, "heartbeat.interval.ms", "3000");
     /* Transaction order: only the group's writer joins, always under one name (writer.h). */
-    assert_property(c, "group.instance.id", "ces2pg-writer-g");
+    assert_property(c, "group.instance.id", "ces2pg-writer-g-d5af7d17");
     ces_config_destroy(c);
     c = load_with("brokers = \"127.0.0.1:9092\"; topics = [\"ces\"]; group_id = \"g/x y\";",
                   "");
-    assert_property(c, "group.instance.id", "ces2pg-writer-g_x_y");
+    assert_property(c, "group.instance.id", "ces2pg-writer-g_x_y-d5af7d17");
     ces_config_destroy(c);
     c = load_with("brokers = \"127.0.0.1:9092\"; topics = [\"ces\"]; group_id = \"g\";",
                   PARTITION_ORDER);
