@@ -425,12 +425,16 @@ static int table_first_load(ces_catalog_t *cat, ces_session_t *session, const ch
                                  e) != 0)
             return ddl_failed(e);
         int created = table_load(cat, session, t, e);
-        /* "Already exists" counted as another session's table, yet no table is there: the name
-         * is a view's, a sequence's or an index's. Asking again would find the same. */
-        if (created == 0)
-            ces_pgerr_set(e, CES_PGERR_DATA, -1, NULL,
+        /* "Already exists" counted as another session's table, yet no table is there: another
+         * instance creating it in a transaction not committed yet, or the name is a view's, a
+         * sequence's or an index's. Read again after a wait: the first is there then, the second
+         * is dead-lettered when it stays so (apply.c's stale). */
+        if (created == 0) {
+            ces_pgerr_set(e, CES_PGERR_STALE, -1, NULL,
                           "table %s could not be created: another kind of relation has its name",
                           t->desc.qualified);
+            e->in_ddl = true;
+        }
         if (created <= 0)
             return -1;
     }
