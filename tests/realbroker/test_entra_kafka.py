@@ -12,13 +12,14 @@ refusal, named as such; a refused client secret stops ces2pg with exit 78; an
 outage of the token endpoint is waited out. No token, secret or assertion
 appears in ces2pg's log."""
 
+import json
 import os
 import sys
 import threading
 import time
 
 from harness.common import free_port, wait_until
-from harness.daemon import cfg_str, write_secret
+from harness.daemon import cfg_str, run_ces2pg, write_secret
 from harness.events import event_record
 from harness.identity import (EVENTHUBS_AUDIENCE, EVENTHUBS_SCOPE, POSTGRES_AUDIENCE,
                               identity_config)
@@ -159,9 +160,17 @@ def test_each_source_goes_through_a_refresh(tmp_path, db, ces2pg, kafka_oauth_lo
         daemon = entra_daemon(ces2pg, db, kafka, t, svc, source=source, **keys)
         kafka.produce(t, rows(0, 10), [0, 1] * 5)
         wait_applied(db, GROUP, {0: 5, 1: 5}, topic=t, daemons=[daemon], timeout=60)
+        if source == "managed_identity":
+            # ces2pg status reads the group and the watermarks with the same identity.
+            rc, out, err = run_ces2pg(["status", "--json", "-c", daemon.config_path])
+            st = json.loads(out)
+            assert (rc, st["health"], st["members"]) == (0, "OK", 1), out + err
+            assert sum(p["high_watermark"] for p in st["partitions"]) == 10, st
+            assert_no_secret(svc, out + err)
         # A refresh at 80% of the token's life, and the stream still applies after it.
-        wait_until(lambda: len(svc.issued_for(EVENTHUBS_AUDIENCE)) >= before + 2, 30,
-                   message=f"{source}: a second Kafka token")
+        wait_until(lambda: daemon.log().count(
+            "identity: new kafka token from Microsoft Entra ID, " + named) >= 2, 30,
+            message=f"{source}: the daemon's second Kafka token")
         kafka.produce(t, rows(10, 10), [0, 1] * 5)
         wait_applied(db, GROUP, {0: 10, 1: 10}, topic=t, daemons=[daemon], timeout=60)
         assert_applied_exactly(db, 20)
