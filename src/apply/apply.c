@@ -352,6 +352,14 @@ static int attempt_finish(ces_apply_t *a, attempt_t *at) {
     return 0;
 }
 
+/* Whether v is the change a streamed transaction last failed at with a table changing
+ * underneath. */
+static bool stale_again_at(const ces_apply_t *a, const ces_version_t *v) {
+    return a->stream_stale.count > 0 &&
+           ces_lsn_compare(v->commit_lsn, a->stream_stale.at.commit_lsn) == 0 &&
+           v->sequence == a->stream_stale.at.sequence;
+}
+
 /* A table changed underneath inside a streamed transaction, at the same change for the last
  * CES_APPLY_STALE_TRIES - 1 times it was read again: this time the change is taken for what it
  * asks (a trigger naming a missing table, ...) and e becomes a data error, which undoes only the
@@ -362,11 +370,8 @@ static void stale_in_stream(ces_apply_t *a, const attempt_t *at, ces_pgerr_t *e)
         e->failed_item < 0 || (size_t)e->failed_item >= batch->count ||
         batch->items[e->failed_item].kind != CES_ITEM_EVENT)
         return;
-    const ces_version_t *v = &batch->items[e->failed_item].event.version;
-    bool same = a->stream_stale.count > 0 &&
-                ces_lsn_compare(v->commit_lsn, a->stream_stale.at.commit_lsn) == 0 &&
-                v->sequence == a->stream_stale.at.sequence;
-    if (same && a->stream_stale.count + 1 >= CES_APPLY_STALE_TRIES) {
+    if (stale_again_at(a, &batch->items[e->failed_item].event.version) &&
+        a->stream_stale.count + 1 >= CES_APPLY_STALE_TRIES) {
         a->stream_stale.count = 0;
         e->action = CES_PGERR_DATA;
         e->stale_again = true;
@@ -557,10 +562,7 @@ static bool stream_stale_wait(ces_apply_t *a, const ces_batch_t *batch, const ce
                               ces_apply_status_t *status) {
     if (item_is_event(batch, e->failed_item)) {
         const ces_version_t *v = &batch->items[e->failed_item].event.version;
-        bool same = a->stream_stale.count > 0 &&
-                    ces_lsn_compare(v->commit_lsn, a->stream_stale.at.commit_lsn) == 0 &&
-                    v->sequence == a->stream_stale.at.sequence;
-        a->stream_stale.count = same ? a->stream_stale.count + 1 : 1;
+        a->stream_stale.count = stale_again_at(a, v) ? a->stream_stale.count + 1 : 1;
         a->stream_stale.at = *v;
     }
     a->stream_stale.rows = true;

@@ -178,7 +178,8 @@ static int open_connection(ces_session_t *s, bool fresh, bool *refused_token, ce
     const char *const keywords[] = {"dbname", "password", NULL};
     const char *const values[] = {s->conninfo, password, NULL};
     s->conn = PQconnectdbParams(keywords, values, 1);
-    if (token != NULL) {
+    bool with_token = token != NULL;
+    if (with_token) {
         explicit_bzero(token, strlen(token));
         free(token);
     }
@@ -189,7 +190,7 @@ static int open_connection(ces_session_t *s, bool fresh, bool *refused_token, ce
     s->epoch++;
     if (PQstatus(s->conn) != CONNECTION_OK) {
         const char *msg = PQerrorMessage(s->conn);
-        *refused_token = token != NULL && strstr(msg, "authentication failed") != NULL;
+        *refused_token = with_token && strstr(msg, "authentication failed") != NULL;
         ces_pgerr_set(e, ces_pgerr_classify_connect_failure(msg), -1, NULL,
                       "cannot connect to PostgreSQL: %s", msg);
         ces_session_disconnect(s);

@@ -233,6 +233,14 @@ static void remember_seen(ces_writer_t *w) {
     PQclear(r);
 }
 
+/* The role is another instance's: this session gives the lock up (a writer that took over by its
+ * lease may not hold it yet) and remembers who writes, for messages. */
+static ces_writer_role_t standing_by(ces_writer_t *w) {
+    unlock(w);
+    remember_seen(w);
+    return CES_WRITER_STANDBY;
+}
+
 ces_writer_role_t ces_writer_try(ces_writer_t *w, char *errstr, size_t errstr_size) {
     if (connected(w, errstr, errstr_size) != 0 || lock(w, errstr, errstr_size) != 0)
         return CES_WRITER_UNKNOWN;
@@ -245,11 +253,8 @@ ces_writer_role_t ces_writer_try(ces_writer_t *w, char *errstr, size_t errstr_si
         w->epoch = strtoll(PQgetvalue(r, 0, 0), NULL, 10);
     PQclear(r);
     if (!took) {
-        /* A writer that took over by its lease may not hold the lock yet: leave it to it. */
-        unlock(w);
-        remember_seen(w);
         announce(w, "standby");
-        return CES_WRITER_STANDBY;
+        return standing_by(w);
     }
     snprintf(w->epoch_text, sizeof(w->epoch_text), "%lld", (long long)w->epoch);
     announce(w, "writer");
@@ -265,11 +270,8 @@ ces_writer_role_t ces_writer_renew(ces_writer_t *w, char *errstr, size_t errstr_
         return CES_WRITER_UNKNOWN;
     bool held = strcmp(PQcmdTuples(r), "1") == 0;
     PQclear(r);
-    if (!held) {
-        unlock(w);
-        remember_seen(w);
-        return CES_WRITER_STANDBY;
-    }
+    if (!held)
+        return standing_by(w);
     announce(w, "writer");
     return CES_WRITER_WRITER;
 }

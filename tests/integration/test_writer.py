@@ -63,6 +63,17 @@ def applied_within(db, b, start, seconds, daemons):
     return time.monotonic() - began
 
 
+def writer_and_standby(ces2pg, db, b):
+    """A writer, then a standby, and rows 0-9 applied by the writer."""
+    a = instance(ces2pg, db, b)
+    a.wait_log(r"writer of group")
+    s = instance(ces2pg, db, b)
+    s.wait_log(r"standby for group")
+    b.produce("ces", rows(0, 10), partition=0)
+    wait_applied(db, GROUP, {0: 10}, daemons=[a, s])
+    return a, s
+
+
 def stop(d):
     assert d.terminate() == 0
 
@@ -125,12 +136,7 @@ def test_a_frozen_writer_is_replaced_and_writes_nothing_more(tmp_path, db, broke
     new writer applies; the old one's batch is refused by its epoch. SIGCONT: the old writer
     finds the role gone, steps down and becomes a standby."""
     b = broker(partitions=2)
-    a = instance(ces2pg, db, b)
-    a.wait_log(r"writer of group")
-    s = instance(ces2pg, db, b)
-    s.wait_log(r"standby for group")
-    b.produce("ces", rows(0, 10), partition=0)
-    wait_applied(db, GROUP, {0: 10}, daemons=[a, s])
+    a, s = writer_and_standby(ces2pg, db, b)
     # Every change that reaches the table, and the PostgreSQL transaction it went in.
     db.query("CREATE TABLE public.applied (xid bigint, orderid int)")
     db.query("""CREATE FUNCTION public.applied() RETURNS trigger LANGUAGE plpgsql AS
@@ -208,12 +214,7 @@ def test_a_writer_cut_off_from_kafka_steps_down(tmp_path, db, broker, ces2pg):
     a working path could write), and waits a lease before it competes again. When the broker is
     back, whichever instance writes applies the rest exactly."""
     b = broker(partitions=2, control=True)
-    a = instance(ces2pg, db, b)
-    a.wait_log(r"writer of group")
-    s = instance(ces2pg, db, b)
-    s.wait_log(r"standby for group")
-    b.produce("ces", rows(0, 10), partition=0)
-    wait_applied(db, GROUP, {0: 10}, daemons=[a, s])
+    a, s = writer_and_standby(ces2pg, db, b)
     b.command("down 1")
     down = time.monotonic()
     a.wait_log(r"no Kafka broker could be reached for \d+ ms: stepping down",
@@ -317,12 +318,7 @@ def test_postgresql_restarting_under_a_writer_and_a_standby(tmp_path, db, broker
     with it, so the standby may take the role. Whichever writes afterwards applies the rest
     exactly, and the other stands by."""
     b = broker(partitions=2)
-    a = instance(ces2pg, db, b)
-    a.wait_log(r"writer of group")
-    s = instance(ces2pg, db, b)
-    s.wait_log(r"standby for group")
-    b.produce("ces", rows(0, 10), partition=0)
-    wait_applied(db, GROUP, {0: 10}, daemons=[a, s])
+    a, s = writer_and_standby(ces2pg, db, b)
     for n in range(2):
         db.server.restart(2.6)
         b.produce("ces", rows(10 + 10 * n, 10), partition=1)
