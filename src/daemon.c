@@ -544,6 +544,14 @@ static ces_daemon_status_t run_term(daemon_t *d) {
     ces_pipeline_get_stats(d->pipeline, &d->progress_base);
     ces_pipeline_hooks_t hooks = {.on_turn = on_turn, .on_stopping = on_stopping, .opaque = d};
     ces_pipeline_status_t st = ces_pipeline_run(d->pipeline, &hooks, &d->leave, err, sizeof(err));
+    /* Only a writer joins under the shared static name: another member under it is a new writer,
+     * which PostgreSQL's fence already keeps this one from committing past. */
+    if (d->writer != NULL && !d->stepping_down && ces_consumer_fenced(d->consumer)) {
+        ces_log_warning("writer of group '%s': another instance joined the consumer group as the "
+                        "writer: stepping down",
+                        d->config->kafka_group_id);
+        d->stepping_down = true;
+    }
     /* Leaving the group revokes the assignment: the pipeline commits what is complete. */
     ces_consumer_destroy(d->consumer);
     d->consumer = NULL;

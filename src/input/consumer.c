@@ -516,6 +516,11 @@ size_t ces_consumer_assigned_count(const ces_consumer_t *c) { return c->assigned
 
 bool ces_consumer_joined(const ces_consumer_t *c) { return c->joined; }
 
+bool ces_consumer_fenced(ces_consumer_t *c) {
+    char why[8];
+    return rd_kafka_fatal_error(c->rk, why, sizeof(why)) == RD_KAFKA_RESP_ERR_FENCED_INSTANCE_ID;
+}
+
 int64_t ces_consumer_brokers_down_since(const ces_consumer_t *c) { return c->brokers_down_since; }
 
 int64_t ces_consumer_count_partitions(ces_consumer_t *c, char *const *topics, size_t n,

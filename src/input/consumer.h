@@ -121,6 +121,11 @@ size_t ces_consumer_assigned_count(const ces_consumer_t *consumer);
 /* True once the consumer has joined its group (a first assignment arrived, possibly empty). */
 bool ces_consumer_joined(const ces_consumer_t *consumer);
 
+/* True when librdkafka stopped the consumer because another member joined the group under the
+ * same static membership name (group.instance.id): in transaction order, a writer that another
+ * instance replaced. */
+bool ces_consumer_fenced(ces_consumer_t *consumer);
+
 /* Times librdkafka's fetcher was woken up: the prefetch queue had filled to librdkafka's limits and
  * drained to half, or a paused partition was resumed (see nudger.h). */
 uint64_t ces_consumer_fetch_wakeups(const ces_consumer_t *consumer);

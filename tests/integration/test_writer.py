@@ -11,8 +11,6 @@ import json
 import os
 import re
 import signal
-import socket
-import threading
 import time
 
 from harness.common import free_port, wait_until
@@ -20,6 +18,7 @@ from harness.daemon import run_ces2pg
 from harness.events import event_record
 from harness.metrics import http_get, metric, parse_metrics
 from harness.progress import BackgroundOffsetMonitor, read_offsets, wait_applied
+from harness.proxy import CuttableProxy
 
 GROUP = "ces2pg-ha"
 LEASE_MS = 3000
@@ -228,71 +227,13 @@ def test_a_writer_cut_off_from_kafka_steps_down(tmp_path, db, broker, ces2pg):
     assert a.terminate() == 0
 
 
-class CuttableProxy:
-    """A TCP proxy in front of PostgreSQL whose path can be cut (every connection closed, new
-    ones refused) and restored on the same port."""
-
-    def __init__(self, server):
-        self.target = (server.host, server.port)
-        self.port = free_port()
-        self.conns = []
-        self.lock = threading.Lock()
-        self.listener = None
-        self.restore()
-
-    def restore(self):
-        self.listener = socket.create_server(("127.0.0.1", self.port), reuse_port=False)
-        threading.Thread(target=self._accept, args=(self.listener,), daemon=True).start()
-
-    def cut(self):
-        self.listener.close()
-        with self.lock:
-            for c in self.conns:
-                try:
-                    c.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
-                c.close()
-            self.conns = []
-
-    def _accept(self, listener):
-        while True:
-            try:
-                client, _ = listener.accept()
-            except OSError:
-                return
-            upstream = socket.create_connection(self.target)
-            with self.lock:
-                self.conns += [client, upstream]
-            for src, dst in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pump, args=(src, dst), daemon=True).start()
-
-    @staticmethod
-    def _pump(src, dst):
-        try:
-            while True:
-                data = src.recv(65536)
-                if not data:
-                    break
-                dst.sendall(data)
-        except OSError:
-            pass
-        for s in (src, dst):
-            try:
-                s.close()
-            except OSError:
-                pass
-
-
 def test_a_standby_cut_off_from_postgresql_stays_a_standby(tmp_path, db, broker, ces2pg):
     b = broker(partitions=2)
     a = instance(ces2pg, db, b)
     a.wait_log(r"writer of group")
     proxy = CuttableProxy(db.server)
     try:
-        s = instance(ces2pg, db, b, conninfo=re.sub(r"port=\d+", f"port={proxy.port}",
-                                                    re.sub(r"host=\S+", "host=127.0.0.1",
-                                                           db.conninfo)))
+        s = instance(ces2pg, db, b, conninfo=proxy.conninfo(db.conninfo))
         s.wait_log(r"standby for group")
         proxy.cut()
         s.wait_log(r"standby for group 'ces2pg-ha': cannot ask PostgreSQL who writes: ",

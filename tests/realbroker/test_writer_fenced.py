@@ -1,0 +1,75 @@
+"""Transaction order on Apache Kafka: a writer whose consumer Kafka fences. The
+writer is cut off from PostgreSQL (its path only) with a batch read: its
+advisory lock ends with its session, the standby takes the role at once and
+joins under the writer's static membership name, and Kafka fences the old
+writer's consumer while that writer still retries PostgreSQL, long before its
+lease runs out. When its path comes back, the old writer must commit nothing
+(its epoch is fenced), stay alive and stand by; the new writer applies
+everything once. (The chaos suite met this after a PostgreSQL crash: the old
+writer exited 1.)"""
+
+from harness.events import event_record
+from harness.progress import read_offsets, wait_applied
+from harness.proxy import CuttableProxy
+
+GROUP = "ces2pg-fenced"
+HA = "ha = { lease_ms = 10000; };"
+
+
+def rows(start, n):
+    return [event_record("Orders", [("OrderId", "int"), ("Customer", "nvarchar(50)")],
+                         {"OrderId": str(i), "Customer": f"c{i}"}, ["OrderId"])
+            for i in range(start, start + n)]
+
+
+def produce(kafka, t, start, n, partition):
+    kafka.produce(t, rows(start, n), [partition] * n)
+
+
+def test_a_writer_fenced_by_kafka_stands_by(tmp_path, db, kafka, topic, eventhubs_daemon):
+    t = topic(2)
+    proxy = CuttableProxy(db.server)
+    try:
+        old = eventhubs_daemon(db, t, group=GROUP, extra_config=HA,
+                               conninfo=proxy.conninfo(db.conninfo))
+        old.wait_log(r"writer of group", timeout=60)
+        new = eventhubs_daemon(db, t, group=GROUP, extra_config=HA)
+        new.wait_log(r"standby for group", timeout=60)
+        produce(kafka, t, 0, 10, 0)
+        wait_applied(db, GROUP, {0: 10}, timeout=60, topic=t, daemons=[old, new])
+        # Every change that reaches the table, and the PostgreSQL transaction it went in.
+        db.query("CREATE TABLE public.applied (xid bigint, orderid int)")
+        db.query("""CREATE FUNCTION public.applied() RETURNS trigger LANGUAGE plpgsql AS
+                    $$ BEGIN INSERT INTO public.applied VALUES (txid_current(), NEW.orderid);
+                    RETURN NULL; END $$""")
+        db.query("CREATE TRIGGER applied AFTER INSERT OR UPDATE ON dbo.orders"
+                 " FOR EACH ROW EXECUTE FUNCTION public.applied()")
+
+        proxy.cut()
+        produce(kafka, t, 10, 10, 1)
+        old.wait_log(r"rolling back and retrying the batch|cannot connect to PostgreSQL",
+                     timeout=30)
+        new.wait_log(r"writer of group '%s' \(epoch 2, " % GROUP, timeout=30)
+        old.wait_log(r"Static consumer fenced", timeout=30)
+        assert "stepping down" not in old.log(), \
+            "the old writer stepped down for its lease before Kafka fenced it"
+        proxy.restore()
+        old.wait_log(r"another instance joined the consumer group as the writer: "
+                     r"stepping down", timeout=30)
+        old.wait_log(r"stepped down: a standby again", timeout=30)
+        old.wait_log(r"standby for group '%s'" % GROUP, timeout=30)
+
+        wait_applied(db, GROUP, {0: 10, 1: 10}, timeout=60, topic=t, daemons=[old, new])
+        produce(kafka, t, 20, 10, 0)
+        wait_applied(db, GROUP, {0: 20, 1: 10}, timeout=60, topic=t, daemons=[old, new])
+    finally:
+        proxy.cut()
+    got = db.query("SELECT orderid FROM dbo.orders ORDER BY orderid")
+    assert [r[0] for r in got] == list(range(30)), got[-5:]
+    # Each change after the cut was applied once, by the new writer.
+    assert db.query("SELECT orderid, count(*) FROM public.applied GROUP BY 1 ORDER BY 1") == \
+        [(i, 1) for i in range(10, 30)]
+    assert read_offsets(db, GROUP, t) == {0: 20, 1: 10}
+    assert old.alive() and new.alive()
+    assert new.terminate() == 0
+    assert old.terminate() == 0
