@@ -472,6 +472,7 @@ static bool become_writer(daemon_t *d, int64_t asked_ms) {
         ces_log_error("out of memory");
         return false;
     }
+    ces_pipeline_inherit_window(d->pipeline, ces_writer_window_ms(d->writer));
     d->writing = true;
     d->stepping_down = false;
     d->leave = 0;

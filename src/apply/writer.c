@@ -17,6 +17,7 @@ struct ces_writer_s {
     uint64_t session_epoch; /* of the session the statements were made for */
     bool locked;            /* this session holds the advisory lock */
     int64_t epoch;
+    int64_t window_ms; /* the stream's last stored reorder window when the role was taken; -1 */
     char lease_ms[24];
     char epoch_text[24];
     char *sql_take, *sql_renew, *sql_release, *sql_seen, *sql_announce, *sql_leave;
@@ -60,6 +61,7 @@ ces_writer_t *ces_writer_new(const ces_writer_options_t *o) {
     ces_writer_t *w = calloc(1, sizeof(*w));
     if (w == NULL)
         return NULL;
+    w->window_ms = -1;
     w->o = *o;
     w->o.conninfo = strdup(o->conninfo);
     w->o.password = o->password ? strdup(o->password) : NULL;
@@ -111,8 +113,8 @@ static int make_sql(ces_writer_t *w) {
         " locked = EXCLUDED.locked, since = EXCLUDED.since"
         " WHERE ($4 AND w.locked)"
         "  OR w.renewed_at + w.lease_ms * interval '1 millisecond' < clock_timestamp()"
-        " RETURNING epoch",
-        NULL, NULL);
+        " RETURNING epoch, (SELECT reorder_window_ms FROM ",
+        q, ".progress WHERE group_id = $1)");
     w->sql_renew = join("UPDATE ", q,
                         ".writers SET renewed_at = clock_timestamp(), locked = $4"
                         " WHERE group_id = $1 AND holder = $2 AND epoch = $3",
@@ -249,8 +251,10 @@ ces_writer_role_t ces_writer_try(ces_writer_t *w, char *errstr, size_t errstr_si
     if (r == NULL)
         return CES_WRITER_UNKNOWN;
     bool took = PQntuples(r) == 1;
-    if (took)
+    if (took) {
         w->epoch = strtoll(PQgetvalue(r, 0, 0), NULL, 10);
+        w->window_ms = PQgetisnull(r, 0, 1) ? -1 : strtoll(PQgetvalue(r, 0, 1), NULL, 10);
+    }
     PQclear(r);
     if (!took) {
         announce(w, "standby");
@@ -296,5 +300,7 @@ void ces_writer_leave(ces_writer_t *w) {
 }
 
 int64_t ces_writer_epoch(const ces_writer_t *w) { return w->epoch; }
+
+int64_t ces_writer_window_ms(const ces_writer_t *w) { return w->window_ms; }
 
 const char *ces_writer_seen(const ces_writer_t *w) { return w->seen; }

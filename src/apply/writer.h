@@ -68,6 +68,10 @@ void ces_writer_leave(ces_writer_t *writer);
 /* The epoch this instance writes under (0 before it ever wrote). */
 int64_t ces_writer_epoch(const ces_writer_t *writer);
 
+/* The reorder window (ms) stored with the stream's last commit when this instance took the role;
+ * -1 when none was stored. */
+int64_t ces_writer_window_ms(const ces_writer_t *writer);
+
 /* The writer as last seen (by ces_writer_try): its name and since when, in text for messages
  * ("host-1/4242 since 2026-12-07 18:00:00+00"); "" when none was seen. */
 const char *ces_writer_seen(const ces_writer_t *writer);

@@ -25,6 +25,20 @@ bool ces_window_late(ces_window_t *w, int64_t lateness_ms, int64_t then_ms, int6
     return true;
 }
 
+bool ces_window_inherit(ces_window_t *w, int64_t window_ms, int64_t now_ms) {
+    if (!w->adaptive)
+        return false;
+    int64_t want = window_ms < w->start_ms ? w->start_ms
+                   : window_ms > w->max_ms ? w->max_ms
+                                           : window_ms;
+    w->last_late_ms = now_ms;
+    w->last_shrink_ms = now_ms;
+    if (want == w->current_ms)
+        return false;
+    w->current_ms = want;
+    return true;
+}
+
 bool ces_window_tick(ces_window_t *w, int64_t now_ms) {
     if (w->current_ms == w->start_ms || now_ms - w->last_late_ms < CES_WINDOW_QUIET_MS ||
         now_ms - w->last_shrink_ms < CES_WINDOW_SHRINK_STEP_MS)

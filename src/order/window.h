@@ -47,6 +47,11 @@ void ces_window_init(ces_window_t *window, int64_t start_ms, int64_t max_ms, boo
  */
 bool ces_window_late(ces_window_t *window, int64_t lateness_ms, int64_t then_ms, int64_t now_ms);
 
+/* Starts from a window an earlier writer of the stream learned (a takeover, a restart), clamped
+ * to [start, max], as if a late event had just called for it: it holds for a quiet period before it
+ * shrinks. Returns true when the window changed. No-op when not adaptive. */
+bool ces_window_inherit(ces_window_t *window, int64_t window_ms, int64_t now_ms);
+
 /* The passing of time: after CES_WINDOW_QUIET_MS without a late event the window shrinks toward its
  * start. Returns true when it changed. */
 bool ces_window_tick(ces_window_t *window, int64_t now_ms);

@@ -172,6 +172,13 @@ void ces_lateness_assigned(const ces_lateness_t *l, ces_partition_t *part) {
     part->late_floor = l->sent_max;
 }
 
+void ces_lateness_inherit(ces_lateness_t *l, int64_t window_ms, int64_t now_ms) {
+    int64_t before = ces_window_ms(&l->window);
+    if (ces_window_inherit(&l->window, window_ms, now_ms))
+        ces_log_info("reorder window: %lld ms -> %lld ms, as the stream's last writer left it",
+                     (long long)before, (long long)ces_window_ms(&l->window));
+}
+
 void ces_lateness_tick(ces_lateness_t *l, int64_t now_ms) {
     int64_t before = ces_window_ms(&l->window);
     if (ces_window_tick(&l->window, now_ms))

@@ -88,6 +88,10 @@ void ces_lateness_forget(ces_lateness_t *late);
 /* part was assigned to us now: what was sent before is no business of its events. */
 void ces_lateness_assigned(const ces_lateness_t *late, ces_partition_t *part);
 /* The passing of time: the window may shrink back (logged). */
+/* The window an earlier writer of the stream last stored (ces_window_inherit); logs it when it
+ * changes the window. */
+void ces_lateness_inherit(ces_lateness_t *late, int64_t window_ms, int64_t now_ms);
+
 void ces_lateness_tick(ces_lateness_t *late, int64_t now_ms);
 
 #endif

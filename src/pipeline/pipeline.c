@@ -11,6 +11,7 @@
 #include "pipeline/partitions.h"
 #include "pipeline/staging.h"
 #include "pipeline/state.h"
+#include "util/clock.h"
 
 ces_pipeline_t *ces_pipeline_new(const ces_pipeline_options_t *options, ces_decoder_t *decoder,
                                  ces_apply_t *apply) {
@@ -80,6 +81,11 @@ size_t ces_pipeline_batch_events(const ces_pipeline_t *p) { return p->batch.coun
 
 const ces_item_t *ces_pipeline_batch_item(const ces_pipeline_t *p, size_t i) {
     return i < p->batch.count ? &p->batch.items[i] : NULL;
+}
+
+void ces_pipeline_inherit_window(ces_pipeline_t *p, int64_t window_ms) {
+    if (p->order != NULL && window_ms >= 0)
+        ces_lateness_inherit(&p->late, window_ms, ces_clock_now_ms());
 }
 
 void ces_pipeline_get_stats(const ces_pipeline_t *p, ces_pipeline_stats_t *stats) {

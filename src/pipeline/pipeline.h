@@ -145,6 +145,11 @@ int ces_pipeline_on_revoked(void *opaque, const char *topic, const int32_t *part
 
 void ces_pipeline_get_stats(const ces_pipeline_t *pipeline, ces_pipeline_stats_t *stats);
 
+/* Transaction order: the reorder window the stream's last writer stored with its last commit
+ * (-1: none), for a writer that takes over or restarts, so that what the window learned about the
+ * partitions' lag is not learned again by tearing transactions. */
+void ces_pipeline_inherit_window(ces_pipeline_t *pipeline, int64_t window_ms);
+
 /* Calls fn for every assigned partition with the next offset to apply: the position stored in
  * PostgreSQL, else the next record to read, else -1. */
 void ces_pipeline_each_partition(ces_pipeline_t *pipeline,

@@ -43,6 +43,11 @@ def role(d):
     return metric(parse_metrics(body), "ces2pg_writer") if status == 200 else None
 
 
+def window_seconds(d):
+    status, body = http_get(f"http://127.0.0.1:{d.port}/metrics")
+    return metric(parse_metrics(body), "ces2pg_reorder_window_seconds")
+
+
 def readyz(d):
     return http_get(f"http://127.0.0.1:{d.port}/readyz")
 
@@ -116,7 +121,15 @@ def test_one_writer_and_a_standby_that_takes_over(tmp_path, db, broker, ces2pg):
         # role within a second. librdkafka's mock cluster then waits for the dead member's
         # session (session.timeout.ms, 4 s here) where Apache Kafka replaces its static
         # membership at once (tests/realbroker/test_writer_takeover.py holds that to 5 s).
+        # What the writer's reorder window learned about the partitions' lag goes with the
+        # stream: the next writer starts from the window stored with the last commit (set here
+        # in its place: growing it takes torn transactions, tests/realbroker/
+        # test_eventhubs_torn.py). The writer is idle: no commit overwrites it.
+        db.query("UPDATE ces2pg.progress SET reorder_window_ms = 1500 WHERE group_id = %s",
+                 (GROUP,))
         takeover(db, b, lambda: a.kill9(), s, epoch=2, row=20, how="kill -9")
+        s.wait_log(r"reorder window: \d+ ms -> 1500 ms, as the stream's last writer left it")
+        assert window_seconds(s) == 1.5
 
         # SIGTERM: the writer gives the role up at once.
         c = instance(ces2pg, db, b)

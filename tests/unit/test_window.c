@@ -87,12 +87,35 @@ static void shrinks_back_after_a_quiet_period(void **state) {
     assert_false(ces_window_tick(&w, t + CES_WINDOW_QUIET_MS));
 }
 
+static void inherits_a_stored_window_clamped(void **state) {
+    (void)state;
+    ces_window_t w;
+    ces_window_init(&w, 200, 5000, true);
+    assert_true(ces_window_inherit(&w, 900, 1000));
+    assert_int_equal(ces_window_ms(&w), 900);
+    /* It holds for a quiet period, as a late event's window would. */
+    assert_false(ces_window_tick(&w, 1000 + CES_WINDOW_QUIET_MS - 1));
+    assert_true(ces_window_tick(&w, 1000 + CES_WINDOW_QUIET_MS));
+    assert_int_equal(ces_window_ms(&w), 200 + 350);
+    /* Clamped to [start, max]: a configuration changed since it was stored. */
+    assert_true(ces_window_inherit(&w, 9000, 2000));
+    assert_int_equal(ces_window_ms(&w), 5000);
+    assert_true(ces_window_inherit(&w, 50, 3000));
+    assert_int_equal(ces_window_ms(&w), 200);
+    assert_false(ces_window_inherit(&w, 100, 4000));
+    /* Not adaptive: the configured window stays. */
+    ces_window_init(&w, 200, 5000, false);
+    assert_false(ces_window_inherit(&w, 900, 1000));
+    assert_int_equal(ces_window_ms(&w), 200);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(grows_to_cover_lateness_with_a_margin),
         cmocka_unit_test(never_past_the_maximum),
         cmocka_unit_test(not_adaptive_stays_put),
         cmocka_unit_test(shrinks_back_after_a_quiet_period),
+        cmocka_unit_test(inherits_a_stored_window_clamped),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
