@@ -174,9 +174,18 @@ static int open_connection(ces_session_t *s, bool fresh, bool *refused_token, ce
         }
         password = token;
     }
-    /* The password, when given apart, overrides whatever conninfo says (expand_dbname). */
-    const char *const keywords[] = {"dbname", "password", NULL};
-    const char *const values[] = {s->conninfo, password, NULL};
+    /* Before dbname, so that the conninfo overrides them (expand_dbname): without them a server
+     * that accepts and never answers, or a network that drops every packet, holds a connect or a
+     * statement for as long as the kernel retransmits (a quarter of an hour), and with it a
+     * writer's step down. connect_timeout only where PGCONNECT_TIMEOUT does not say. The password,
+     * when given apart, after dbname: it overrides whatever conninfo says. */
+    const char *connect_timeout = getenv("PGCONNECT_TIMEOUT") ? NULL : CES_SESSION_CONNECT_TIMEOUT;
+    const char *const keywords[] = {"keepalives_idle", "keepalives_interval", "keepalives_count",
+                                    "tcp_user_timeout", "connect_timeout", "dbname", "password",
+                                    NULL};
+    const char *const values[] = {CES_SESSION_KEEPALIVES_IDLE, CES_SESSION_KEEPALIVES_INTERVAL,
+                                  CES_SESSION_KEEPALIVES_COUNT, CES_SESSION_TCP_USER_TIMEOUT,
+                                  connect_timeout, s->conninfo, password, NULL};
     s->conn = PQconnectdbParams(keywords, values, 1);
     bool with_token = token != NULL;
     if (with_token) {

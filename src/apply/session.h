@@ -23,6 +23,15 @@
 #include "apply/pgerr.h"
 #include "util/token.h"
 
+/* libpq's settings of every connection unless the conninfo says otherwise: a connect gives up
+ * after 10 s; an idle connection is probed after 30 s, every 10 s, and dropped after 3 unanswered
+ * probes; data PostgreSQL has not acknowledged for 60 s drops it too. (Strings: libpq's values.) */
+#define CES_SESSION_CONNECT_TIMEOUT "10"
+#define CES_SESSION_KEEPALIVES_IDLE "30"
+#define CES_SESSION_KEEPALIVES_INTERVAL "10"
+#define CES_SESSION_KEEPALIVES_COUNT "3"
+#define CES_SESSION_TCP_USER_TIMEOUT "60000"
+
 /* The backoff: the first wait, then doubling up to postgres.retry_max_ms. */
 #define CES_SESSION_BACKOFF_FIRST_MS 100
 #define CES_SESSION_BACKOFF_GROWTH 2

@@ -159,6 +159,28 @@ def test_readyz_follows_postgres(tmp_path, pg, db, broker, ces2pg):
     assert daemon.terminate() == 0
 
 
+def test_a_postgresql_that_never_answers_is_given_up_on(tmp_path, db, broker, ces2pg):
+    """A server that accepts the connection and never says a word (a hung host, a proxy whose
+    far side is gone) must not hold ces2pg forever: the connect gives up after libpq's
+    connect_timeout, which ces2pg sets to 10 s unless the conninfo says otherwise, and retries."""
+    b = broker(partitions=1)
+    mute = socket.create_server(("127.0.0.1", 0))  # never accepts: the kernel does the handshake
+    try:
+        conninfo = re.sub(r"port=\d+", f"port={mute.getsockname()[1]}",
+                          re.sub(r"host=\S+", "host=127.0.0.1", db.conninfo))
+        began = time.monotonic()
+        daemon = ces2pg(db, b, group=GROUP, conninfo=conninfo)
+        daemon.wait_log(r"cannot connect to PostgreSQL: .*timeout expired.* \(retrying in",
+                        timeout=40)
+        took = time.monotonic() - began
+        print(f"the connect gave up after {took:.1f} s")
+        assert took >= 9, took
+        assert daemon.alive()
+        assert daemon.terminate() == 0
+    finally:
+        mute.close()
+
+
 # --------------------------------------------------------------------------
 # signals
 # --------------------------------------------------------------------------
