@@ -78,6 +78,20 @@ void ces_daemon_pipeline_options(const ces_config_t *c, bool store_positions,
     o->nexclude = c->schema_exclude.count;
 }
 
+/* The catalog's question for a source table: what its rule in schema.tables says (conf/rules.h). */
+static bool table_rule(void *opaque, const char *schema, const char *table,
+                       ces_catalog_rule_t *rule) {
+    const ces_config_t *c = opaque;
+    const ces_rule_t *r = ces_rules_match(&c->schema_tables, schema, table);
+    if (r == NULL)
+        return false;
+    *rule = (ces_catalog_rule_t){.target = r->target,
+                                 .deleted_column = r->deletes == CES_RULE_DELETES_SOFT
+                                                       ? r->deleted_column
+                                                       : NULL};
+    return true;
+}
+
 /* An apply stage whose heartbeat (may be NULL) hears of the connection and of backoff waits, and
  * whose retrying hook (may be NULL) of retries and their end. */
 static ces_apply_t *make_apply(const ces_config_t *c, volatile sig_atomic_t *stop_now,
@@ -91,6 +105,8 @@ static ces_apply_t *make_apply(const ces_config_t *c, volatile sig_atomic_t *sto
         .auto_evolve = c->schema_auto_evolve,
         .retry_max_ms = c->pg_retry_max_ms,
         .target = c->schema_target,
+        .rule_of = c->schema_tables.count > 0 ? table_rule : NULL,
+        .rule_opaque = (void *)c, /* read only: the configuration outlives the apply stage */
         .preserve_case = strcmp(c->schema_identifier_case, "preserve") == 0,
         .lsn_guard = c->apply_lsn_guard,
         .version_column = c->apply_version_column,

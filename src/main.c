@@ -201,6 +201,7 @@ static int check_config(const char *path, bool fetch_tokens) {
     } else {
         printf("%s: configuration is valid\n", path);
         ces_config_print(config, stdout);
+        ces_rules_describe(stdout, &config->schema_tables, config->schema_target);
         ces_tableplan_describe_names(stdout,
                                      config->apply_lsn_guard ? config->apply_version_column : NULL,
                                      config->schema_metadata);

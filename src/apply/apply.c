@@ -111,6 +111,8 @@ ces_apply_t *ces_apply_new(const ces_apply_options_t *o) {
                                      .on_connect = on_connect,
                                      .on_connect_opaque = a};
     ces_catalog_options_t catalog = {.target = o->target,
+                                     .rule_of = o->rule_of,
+                                     .rule_opaque = o->rule_opaque,
                                      .preserve_case = o->preserve_case,
                                      .auto_create = o->auto_create,
                                      .auto_evolve = o->auto_evolve,

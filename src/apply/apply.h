@@ -18,6 +18,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "apply/catalog.h"
 #include "order/batch.h"
 #include "util/token.h"
 
@@ -29,6 +30,8 @@ typedef struct {
     bool auto_evolve;
     int64_t retry_max_ms;            /* cap of the exponential backoff */
     const char *target;              /* "{schema}.{table}": target table from source names */
+    ces_catalog_rule_fn rule_of;     /* per-table rules (catalog.h); NULL: none */
+    void *rule_opaque;
     bool preserve_case;              /* false: ASCII letters of names are lower-cased */
     bool lsn_guard;                  /* per-row version column and tombstones */
     const char *version_column;      /* its name, e.g. "_ces_lsn" */

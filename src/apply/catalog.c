@@ -65,6 +65,8 @@ struct ces_catalog_s {
      * in. */
     ces_map_t *claims;
     unsigned next_table_id;
+    ces_catalog_rule_fn rule_of;
+    void *rule_opaque;
     ces_strbuf_t check_key; /* scratch: a type_checks key, grown to the longest seen */
     /* The table the last event resolved to, under its key (also where a key is built): events
      * come in runs of one table, and comparing the names beats building the key and hashing it.
@@ -107,6 +109,8 @@ ces_catalog_t *ces_catalog_new(const ces_catalog_options_t *o) {
     cat->auto_create = o->auto_create;
     cat->auto_evolve = o->auto_evolve;
     cat->lsn_guard = o->lsn_guard;
+    cat->rule_of = o->rule_of;
+    cat->rule_opaque = o->rule_opaque;
     const char *target = o->target ? o->target : "{schema}.{table}";
     const char *dot = strchr(target, '.');
     cat->target_schema = dot ? strndup(target, (size_t)(dot - target)) : strdup("public");
@@ -347,8 +351,20 @@ static ces_catalog_table_t *table_new(ces_catalog_t *cat, const ces_session_t *s
     t->shapes = ces_shapes_new();
     t->preserve_case = cat->preserve_case;
     t->version_column = cat->version_column;
-    char *schema = ces_tableplan_expand_target(cat->target_schema, ev);
-    char *table = ces_tableplan_expand_target(cat->target_table, ev);
+    ces_catalog_rule_t rule = {0};
+    char *schema, *table;
+    if (cat->rule_of != NULL && cat->rule_of(cat->rule_opaque, ev->schema, ev->table, &rule) &&
+        rule.target != NULL && strchr(rule.target, '.') != NULL) {
+        /* Checked when the configuration was read: SCHEMA.TABLE, one dot. */
+        const char *dot = strchr(rule.target, '.');
+        char *schema_part = strndup(rule.target, (size_t)(dot - rule.target));
+        schema = schema_part ? ces_tableplan_expand_target(schema_part, ev) : NULL;
+        table = ces_tableplan_expand_target(dot + 1, ev);
+        free(schema_part);
+    } else {
+        schema = ces_tableplan_expand_target(cat->target_schema, ev);
+        table = ces_tableplan_expand_target(cat->target_table, ev);
+    }
     t->pg_schema = schema ? ces_tableplan_fold_name(schema, cat->preserve_case) : NULL;
     t->pg_table = table ? ces_tableplan_fold_name(table, cat->preserve_case) : NULL;
     if (schema && table && (t->source = malloc(strlen(schema) + strlen(table) + 2)) != NULL)

@@ -64,8 +64,21 @@ static inline bool ces_catalog_guarded(const ces_catalog_desc_t *t) { return t->
 typedef struct ces_catalog_s ces_catalog_t;
 typedef struct ces_catalog_table_s ces_catalog_table_t;
 
+/* What a per-table rule (the configuration's schema.tables) says of one source table. */
+typedef struct {
+    const char *target;         /* "SCHEMA.TABLE" with {db}, {schema}, {table}; NULL: options' */
+    const char *deleted_column; /* soft deletes: the column a delete sets; NULL: hard deletes */
+} ces_catalog_rule_t;
+
+/* The rule of the source table schema.table: fills *rule and returns true, or returns false for
+ * the defaults. Called once per source table; the strings must outlive the catalog. */
+typedef bool (*ces_catalog_rule_fn)(void *opaque, const char *schema, const char *table,
+                                    ces_catalog_rule_t *rule);
+
 typedef struct {
     const char *target;         /* "{schema}.{table}": target table from source names */
+    ces_catalog_rule_fn rule_of; /* NULL: no per-table rules */
+    void *rule_opaque;
     bool preserve_case;         /* false: ASCII letters of names are lower-cased */
     bool auto_create;           /* create missing tables */
     bool auto_evolve;           /* add missing columns */

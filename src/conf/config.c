@@ -57,6 +57,7 @@ void ces_config_destroy(ces_config_t *config) {
             explicit_bzero(secrets[i], strlen(secrets[i]));
         free(secrets[i]);
     }
+    ces_rules_free(&config->schema_tables);
     free(config->path);
     free(config);
 }
@@ -296,19 +297,12 @@ static int validate_apply(ces_config_t *c, config_t *cfg, const char *file, char
 
 static int validate_schema(const ces_config_t *c, config_t *cfg, const char *file, char *errstr,
                            size_t errstr_size) {
-    const char *dot = strchr(c->schema_target, '.');
-    if (dot == NULL || dot == c->schema_target || dot[1] == '\0' || strchr(dot + 1, '.') != NULL)
-        return refuse(cfg, file, "schema.target", errstr, errstr_size,
-                      "schema.target must be SCHEMA.TABLE, each part text and {db}, {schema} or "
-                      "{table}, like \"{schema}.{table}\" or \"staging.{db}_{table}\"");
-    for (const char *p = c->schema_target; (p = strchr(p, '{')) != NULL; p++) {
-        if (strncmp(p, "{db}", 4) != 0 && strncmp(p, "{schema}", 8) != 0 &&
-            strncmp(p, "{table}", 7) != 0)
-            return refuse(cfg, file, "schema.target", errstr, errstr_size,
-                          "schema.target: unknown placeholder at '%.20s' (use {db}, {schema}, "
-                          "{table})",
-                          p);
-    }
+    char why[256];
+    if (ces_rules_target_problem(c->schema_target, why, sizeof(why)) != NULL)
+        return refuse(cfg, file, "schema.target", errstr, errstr_size, "schema.target %s", why);
+    if (ces_rules_check(&c->schema_tables, c->apply_lsn_guard ? c->apply_version_column : NULL,
+                        file, errstr, errstr_size) != 0)
+        return -1;
     if (!one_of(c->schema_identifier_case, "lower", "preserve"))
         return refuse(cfg, file, "schema.identifier_case", errstr, errstr_size,
                       "schema.identifier_case must be \"lower\" or \"preserve\"");
@@ -568,6 +562,11 @@ static int read_settings(ces_config_t *c, config_t *cfg, const char *path, char 
             config_setting_t *s = config_setting_get_elem(group, (unsigned)k);
             char full[256];
             snprintf(full, sizeof(full), "%s.%s", gname, config_setting_name(s));
+            if (strcmp(full, "schema.tables") == 0) { /* a list of groups: conf/rules.h */
+                if (ces_rules_read(&c->schema_tables, s, path, errstr, errstr_size) != 0)
+                    return -1;
+                continue;
+            }
             const ces_config_key_t *key = find_key(full);
             if (key == NULL) {
                 snprintf(errstr, errstr_size, "%s:%d: unknown key '%s'", path,

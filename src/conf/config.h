@@ -18,6 +18,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "conf/rules.h"
 #include "util/token.h"
 
 typedef struct {
@@ -100,6 +101,7 @@ typedef struct {
     char *schema_identifier_case; /* "lower" or "preserve" */
     ces_strlist_t schema_include; /* globs on "schema.table"; empty: every table */
     ces_strlist_t schema_exclude;
+    ces_rules_t schema_tables; /* per-table rules (conf/rules.h); empty: the defaults for all */
     bool schema_auto_create;
     bool schema_auto_evolve;
 

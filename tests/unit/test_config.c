@@ -233,7 +233,7 @@ static void checks_name_the_line_of_their_key(void **state) {
         {"apply", "tombstone_retention = \"soon\";", "apply.tombstone_retention must be"},
         {"apply", "version_column = \"\";", "apply.version_column must be 1 to 63 bytes"},
         {"schema", "target = \"nodot\";", "schema.target must be SCHEMA.TABLE"},
-        {"schema", "target = \"s.{tbl}\";", "schema.target: unknown placeholder at '{tbl}'"},
+        {"schema", "target = \"s.{tbl}\";", "schema.target has an unknown placeholder at '{tbl}'"},
         {"schema", "identifier_case = \"upper\";", "schema.identifier_case must be"},
         {"log", "format = \"xml\";", "log.format must be"},
         {"http", "listen = \"nowhere\";", "http.listen must be \"HOST:PORT\""},
@@ -255,6 +255,99 @@ static void checks_name_the_line_of_their_key(void **state) {
     }
 }
 
+#define RULES_BASE                                                                                 \
+    "kafka = { brokers = \"x\"; topics = [\"t\"]; };\npostgres = { conninfo = \"\"; };\n"
+
+/* schema.tables: rules tried in order, the first match wins, a table no rule matches gets the
+ * defaults; every key a rule holds is known, and each mistake names its line. */
+static void table_rules_match_in_order(void **state) {
+    (void)state;
+    write_config(RULES_BASE "schema = { tables = (\n"
+                            "  { match = \"dbo.Orders\"; target = \"sales.orders\"; },\n"
+                            "  { match = \"audit.*\"; deletes = \"soft\"; },\n"
+                            "  { match = \"dbo.*\"; deletes = \"soft\"; deleted_column = \"gone\"; }\n"
+                            "); };\n");
+    ces_config_t *c = NULL;
+    char err[512];
+    assert_int_equal(ces_config_load(path, CES_CONFIG_DAEMON, &c, err, sizeof(err)),
+                     CES_CONFIG_OK);
+    assert_int_equal(c->schema_tables.count, 3);
+    const ces_rule_t *r = ces_rules_match(&c->schema_tables, "DBO", "orders");
+    assert_non_null(r); /* ASCII case does not matter, as in schema.include */
+    assert_int_equal(r->line, 4);
+    assert_string_equal(r->target, "sales.orders");
+    assert_int_equal(r->deletes, CES_RULE_DELETES_HARD);
+    assert_null(r->deleted_column);
+    r = ces_rules_match(&c->schema_tables, "audit", "Log");
+    assert_non_null(r);
+    assert_null(r->target);
+    assert_int_equal(r->deletes, CES_RULE_DELETES_SOFT);
+    assert_string_equal(r->deleted_column, "_ces_deleted_at");
+    r = ces_rules_match(&c->schema_tables, "dbo", "Customers");
+    assert_non_null(r);
+    assert_string_equal(r->deleted_column, "gone");
+    assert_null(ces_rules_match(&c->schema_tables, "sales", "Orders"));
+
+    char *text = NULL;
+    size_t len = 0;
+    FILE *mem = open_memstream(&text, &len);
+    ces_rules_describe(mem, &c->schema_tables, c->schema_target);
+    fclose(mem);
+    assert_non_null(strstr(text, "tables: table dbo.Orders (line 4): target sales.orders, "
+                                 "deletes hard\n"));
+    assert_non_null(strstr(text, "tables: pattern audit.* (line 5): target {schema}.{table}, "
+                                 "deletes soft (a delete keeps the row and sets _ces_deleted_at"));
+    assert_non_null(strstr(text, "tables: any other table: target {schema}.{table}, deletes "
+                                 "hard\n"));
+    free(text);
+    ces_config_destroy(c);
+    unlink(path);
+}
+
+static void table_rule_mistakes_are_errors(void **state) {
+    (void)state;
+    expect_error(RULES_BASE "schema = { tables = (\n { match = \"dbo.a\"; history = \"on\"; }\n); };\n",
+                 CES_CONFIG_DAEMON, "4:", "unknown key 'history' in a rule (a rule holds: match,");
+    expect_error(RULES_BASE "schema = { tables = (\n { target = \"a.b\"; }\n); };\n",
+                 CES_CONFIG_DAEMON, "4:", "a rule needs match = ");
+    expect_error(RULES_BASE "schema = { tables = (\n { match = \"dbo.a\"; deletes = \"later\"; }\n); };\n",
+                 CES_CONFIG_DAEMON, "4:", "deletes must be \"hard\" or \"soft\"");
+    expect_error(RULES_BASE "schema = { tables = (\n { match = \"dbo.a\"; deleted_column = \"d\"; }\n); };\n",
+                 CES_CONFIG_DAEMON, "4:", "deleted_column is the column a soft delete sets");
+    expect_error(RULES_BASE "schema = { tables = (\n { match = \"dbo.a\"; target = \"nodot\"; }\n); };\n",
+                 CES_CONFIG_DAEMON, "4:", "target must be SCHEMA.TABLE");
+    expect_error(RULES_BASE "schema = { tables = (\n { match = \"dbo.a\"; target = \"{x}.t\"; }\n); };\n",
+                 CES_CONFIG_DAEMON, "4:", "target has an unknown placeholder at '{x}.t'");
+    expect_error(RULES_BASE "schema = { tables = (\n { match = 5; }\n); };\n",
+                 CES_CONFIG_DAEMON, "4:", "'match' must be a string");
+    /* (libconfig gives a string in a list the line its list ends on.) */
+    expect_error(RULES_BASE "schema = { tables = (\n \"dbo.a\"\n); };\n",
+                 CES_CONFIG_DAEMON, "", "each rule must be a group");
+    expect_error(RULES_BASE "schema = {\n tables = { match = \"dbo.a\"; }; };\n",
+                 CES_CONFIG_DAEMON, "4:", "must be a list of rules");
+    expect_error(RULES_BASE "schema = { tables = (\n { match = \"dbo.*\"; },\n"
+                            " { match = \"DBO.Orders\"; target = \"s.o\"; }\n); };\n",
+                 CES_CONFIG_DAEMON, "5:", "the rule for 'DBO.Orders' never applies: the rule of line 4");
+    expect_error(RULES_BASE "schema = { tables = (\n { match = \"dbo.*\"; },\n"
+                            " { match = \"dbo.ord*\"; }\n); };\n",
+                 CES_CONFIG_DAEMON, "5:", "never applies");
+    expect_error(RULES_BASE "apply = { version_column = \"v\"; };\n"
+                            "schema = { tables = (\n { match = \"dbo.a\"; deletes = \"soft\"; "
+                            "deleted_column = \"v\"; }\n); };\n",
+                 CES_CONFIG_DAEMON, "5:", "deleted_column may not be the version column");
+    /* A narrower rule first is what "the first match wins" asks for. */
+    write_config(RULES_BASE "schema = { tables = (\n { match = \"dbo.ord*\"; },\n"
+                            " { match = \"dbo.*\"; }\n); };\n");
+    ces_config_t *c = NULL;
+    char err[512];
+    assert_int_equal(ces_config_load(path, CES_CONFIG_DAEMON, &c, err, sizeof(err)),
+                     CES_CONFIG_OK);
+    assert_int_equal(ces_rules_match(&c->schema_tables, "dbo", "orders")->line, 4);
+    assert_int_equal(ces_rules_match(&c->schema_tables, "dbo", "items")->line, 5);
+    ces_config_destroy(c);
+    unlink(path);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(loads_valid_file_with_defaults),
@@ -264,6 +357,8 @@ int main(void) {
         cmocka_unit_test(missing_file),
         cmocka_unit_test(key_table_view_matches_the_loader),
         cmocka_unit_test(checks_name_the_line_of_their_key),
+        cmocka_unit_test(table_rules_match_in_order),
+        cmocka_unit_test(table_rule_mistakes_are_errors),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

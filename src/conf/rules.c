@@ -1,0 +1,241 @@
+/*
+ * rules: per-table rules, the configuration's schema.tables (rules.h).
+ */
+#include "conf/rules.h"
+
+#include <fnmatch.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+/* The keys a rule may hold, for the message that refuses another. */
+#define RULE_KEYS "match, target, deletes, deleted_column"
+
+void ces_rules_free(ces_rules_t *rules) {
+    if (rules == NULL)
+        return;
+    for (size_t i = 0; i < rules->count; i++) {
+        free(rules->items[i].match);
+        free(rules->items[i].target);
+        free(rules->items[i].deleted_column);
+    }
+    free(rules->items);
+    rules->items = NULL;
+    rules->count = 0;
+}
+
+const char *ces_rules_target_problem(const char *target, char *why, size_t why_size) {
+    const char *dot = strchr(target, '.');
+    if (dot == NULL || dot == target || dot[1] == '\0' || strchr(dot + 1, '.') != NULL) {
+        snprintf(why, why_size, "must be SCHEMA.TABLE, each part text and {db}, {schema} or "
+                                "{table}, like \"{schema}.{table}\" or \"staging.{db}_{table}\"");
+        return why;
+    }
+    for (const char *p = target; (p = strchr(p, '{')) != NULL; p++) {
+        if (strncmp(p, "{db}", 4) != 0 && strncmp(p, "{schema}", 8) != 0 &&
+            strncmp(p, "{table}", 7) != 0) {
+            snprintf(why, why_size,
+                     "has an unknown placeholder at '%.20s' (use {db}, {schema}, {table})", p);
+            return why;
+        }
+    }
+    return NULL;
+}
+
+/* A string member of a rule, copied; *out stays NULL when absent. Returns 0, or -1 with errstr
+ * set. */
+static int read_string(config_setting_t *s, const char *path, char **out, char *errstr,
+                       size_t errstr_size) {
+    const char *v = config_setting_get_string(s);
+    if (v == NULL) {
+        snprintf(errstr, errstr_size, "%s:%d: schema.tables: '%s' must be a string", path,
+                 config_setting_source_line(s), config_setting_name(s));
+        return -1;
+    }
+    free(*out);
+    if ((*out = strdup(v)) == NULL) {
+        snprintf(errstr, errstr_size, "%s: out of memory", path);
+        return -1;
+    }
+    return 0;
+}
+
+static int refuse(char *errstr, size_t errstr_size, const char *path, int line, const char *what,
+                  const char *detail) {
+    snprintf(errstr, errstr_size, "%s:%d: schema.tables: %s%s", path, line, what, detail);
+    return -1;
+}
+
+/* One group of the list into r. Returns 0, or -1 with errstr set. */
+static int read_rule(ces_rule_t *r, config_setting_t *g, const char *path, char *errstr,
+                     size_t errstr_size) {
+    char why[256];
+    r->line = config_setting_source_line(g);
+    if (config_setting_type(g) != CONFIG_TYPE_GROUP)
+        return refuse(errstr, errstr_size, path, r->line,
+                      "each rule must be a group: tables = ( { match = \"dbo.Orders\"; ... } );",
+                      "");
+    char *deletes = NULL;
+    int rc = -1;
+    for (int k = 0; k < config_setting_length(g); k++) {
+        config_setting_t *s = config_setting_get_elem(g, (unsigned)k);
+        const char *name = config_setting_name(s);
+        char **field = strcmp(name, "match") == 0            ? &r->match
+                       : strcmp(name, "target") == 0         ? &r->target
+                       : strcmp(name, "deletes") == 0        ? &deletes
+                       : strcmp(name, "deleted_column") == 0 ? &r->deleted_column
+                                                             : NULL;
+        if (field == NULL) {
+            snprintf(errstr, errstr_size,
+                     "%s:%d: schema.tables: unknown key '%s' in a rule (a rule holds: " RULE_KEYS
+                     ")",
+                     path, config_setting_source_line(s), name);
+            goto done;
+        }
+        if (read_string(s, path, field, errstr, errstr_size) != 0)
+            goto done;
+    }
+    if (r->match == NULL || r->match[0] == '\0') {
+        refuse(errstr, errstr_size, path, r->line,
+               "a rule needs match = \"SCHEMA.TABLE\" (the source table, or a pattern like "
+               "\"sales.*\")",
+               "");
+        goto done;
+    }
+    r->pattern = strpbrk(r->match, "*?[") != NULL;
+    if (r->target != NULL && ces_rules_target_problem(r->target, why, sizeof(why)) != NULL) {
+        refuse(errstr, errstr_size, path, r->line, "target ", why);
+        goto done;
+    }
+    if (deletes == NULL || strcmp(deletes, "hard") == 0) {
+        r->deletes = CES_RULE_DELETES_HARD;
+    } else if (strcmp(deletes, "soft") == 0) {
+        r->deletes = CES_RULE_DELETES_SOFT;
+    } else {
+        refuse(errstr, errstr_size, path, r->line, "deletes must be \"hard\" or \"soft\"", "");
+        goto done;
+    }
+    if (r->deleted_column != NULL && r->deletes != CES_RULE_DELETES_SOFT) {
+        refuse(errstr, errstr_size, path, r->line,
+               "deleted_column is the column a soft delete sets: it needs deletes = \"soft\"", "");
+        goto done;
+    }
+    if (r->deletes == CES_RULE_DELETES_SOFT && r->deleted_column == NULL &&
+        (r->deleted_column = strdup(CES_RULES_DELETED_COLUMN_DEFAULT)) == NULL) {
+        snprintf(errstr, errstr_size, "%s: out of memory", path);
+        goto done;
+    }
+    if (r->deleted_column != NULL &&
+        (r->deleted_column[0] == '\0' || strlen(r->deleted_column) > 63)) {
+        refuse(errstr, errstr_size, path, r->line, "deleted_column must be 1 to 63 bytes", "");
+        goto done;
+    }
+    rc = 0;
+done:
+    free(deletes);
+    return rc;
+}
+
+/* Whether every table r matches is matched by e already. Exact for a table; for a pattern, when
+ * it is e's own, or e is "PREFIX*" (no other glob character) and r starts with PREFIX: the cases
+ * a configuration meets, not every pattern's inclusion. */
+static bool covers(const ces_rule_t *e, const ces_rule_t *r) {
+    if (!r->pattern)
+        return fnmatch(e->match, r->match, FNM_CASEFOLD) == 0;
+    if (strcasecmp(e->match, r->match) == 0 || strcmp(e->match, "*.*") == 0)
+        return true;
+    size_t prefix = strlen(e->match) - 1;
+    return e->match[prefix] == '*' && strcspn(e->match, "*?[") == prefix &&
+           strncasecmp(e->match, r->match, prefix) == 0;
+}
+
+int ces_rules_read(ces_rules_t *rules, config_setting_t *list, const char *path, char *errstr,
+                   size_t errstr_size) {
+    int line = config_setting_source_line(list);
+    if (config_setting_type(list) != CONFIG_TYPE_LIST)
+        return refuse(errstr, errstr_size, path, line,
+                      "must be a list of rules: tables = ( { match = \"dbo.Orders\"; ... }, ... );",
+                      "");
+    size_t n = (size_t)config_setting_length(list);
+    if (n == 0)
+        return 0;
+    if ((rules->items = calloc(n, sizeof(*rules->items))) == NULL) {
+        snprintf(errstr, errstr_size, "%s: out of memory", path);
+        return -1;
+    }
+    for (size_t i = 0; i < n; i++) {
+        ces_rule_t *r = &rules->items[i];
+        rules->count = i + 1;
+        if (read_rule(r, config_setting_get_elem(list, (unsigned)i), path, errstr, errstr_size) !=
+            0)
+            return -1;
+        /* The first match wins: a rule an earlier one matches in full never applies. */
+        for (size_t j = 0; j < i; j++) {
+            const ces_rule_t *e = &rules->items[j];
+            if (covers(e, r)) {
+                snprintf(errstr, errstr_size,
+                         "%s:%d: schema.tables: the rule for '%s' never applies: the rule of line "
+                         "%d matches its tables first (the first match wins: put the narrower "
+                         "rule first)",
+                         path, r->line, r->match, e->line);
+                return -1;
+            }
+        }
+    }
+    return 0;
+}
+
+int ces_rules_check(const ces_rules_t *rules, const char *version_column, const char *path,
+                    char *errstr, size_t errstr_size) {
+    for (size_t i = 0; i < rules->count; i++) {
+        const ces_rule_t *r = &rules->items[i];
+        if (r->deleted_column != NULL && version_column != NULL &&
+            strcmp(r->deleted_column, version_column) == 0)
+            return refuse(errstr, errstr_size, path, r->line,
+                          "deleted_column may not be the version column (apply.version_column)",
+                          "");
+    }
+    return 0;
+}
+
+const ces_rule_t *ces_rules_match(const ces_rules_t *rules, const char *schema,
+                                  const char *table) {
+    if (rules == NULL || rules->count == 0)
+        return NULL;
+    size_t n = strlen(schema) + strlen(table) + 2;
+    char stack[512], *name = n <= sizeof(stack) ? stack : malloc(n);
+    if (name == NULL)
+        return NULL;
+    snprintf(name, n, "%s.%s", schema, table);
+    const ces_rule_t *found = NULL;
+    for (size_t i = 0; i < rules->count && found == NULL; i++) {
+        const ces_rule_t *r = &rules->items[i];
+        if (r->pattern ? fnmatch(r->match, name, FNM_CASEFOLD) == 0
+                       : strcasecmp(r->match, name) == 0)
+            found = r;
+    }
+    if (name != stack)
+        free(name);
+    return found;
+}
+
+static void describe_deletes(FILE *out, ces_rule_deletes_t deletes, const char *column) {
+    if (deletes == CES_RULE_DELETES_SOFT)
+        fprintf(out, "deletes soft (a delete keeps the row and sets %s to the commit time)\n",
+                column);
+    else
+        fputs("deletes hard\n", out);
+}
+
+void ces_rules_describe(FILE *out, const ces_rules_t *rules, const char *default_target) {
+    for (size_t i = 0; i < rules->count; i++) {
+        const ces_rule_t *r = &rules->items[i];
+        fprintf(out, "tables: %s %s (line %d): target %s, ", r->pattern ? "pattern" : "table",
+                r->match, r->line, r->target ? r->target : default_target);
+        describe_deletes(out, r->deletes, r->deleted_column);
+    }
+    fprintf(out, "tables: %s: target %s, ",
+            rules->count ? "any other table" : "every table (no rule in schema.tables)",
+            default_target);
+    describe_deletes(out, CES_RULE_DELETES_HARD, NULL);
+}
