@@ -29,6 +29,7 @@ struct ces_catalog_table_s {
     uint64_t absent_attempt;
     bool preserve_case;
     const char *version_column; /* reference to the catalog's */
+    const char *deleted_column; /* the rule's soft-delete column (the configuration's); NULL */
     /* The source's name as schema.target spells it ("dbo.Orders"), which the table's comment
      * carries when ces2pg made it; source_mark: what the comment says, NULL when no mark. */
     char *source;
@@ -197,8 +198,8 @@ static int table_load(const ces_catalog_t *cat, ces_session_t *session, ces_cata
     ces_map_clear(t->type_checks, NULL, NULL);
     ces_shapes_clear(t->shapes);
     return ces_pgcatalog_read(session, t->pg_schema, t->pg_table,
-                              cat->lsn_guard ? cat->version_column : NULL, &t->desc, &t->capacity,
-                              &t->source_mark, e);
+                              cat->lsn_guard ? cat->version_column : NULL, t->deleted_column,
+                              &t->desc, &t->capacity, &t->source_mark, e);
 }
 
 /* The verdict on one (column, type), cached in t->type_checks; 0 when out of memory. Each
@@ -346,6 +347,7 @@ static ces_catalog_table_t *table_new(ces_catalog_t *cat, const ces_session_t *s
         return NULL;
     t->desc.id = ++cat->next_table_id;
     t->desc.version_col = -1;
+    t->desc.deleted_col = -1;
     t->by_source = ces_map_new();
     t->type_checks = ces_map_new();
     t->shapes = ces_shapes_new();
@@ -365,6 +367,7 @@ static ces_catalog_table_t *table_new(ces_catalog_t *cat, const ces_session_t *s
         schema = ces_tableplan_expand_target(cat->target_schema, ev);
         table = ces_tableplan_expand_target(cat->target_table, ev);
     }
+    t->deleted_column = rule.deleted_column;
     t->pg_schema = schema ? ces_tableplan_fold_name(schema, cat->preserve_case) : NULL;
     t->pg_table = table ? ces_tableplan_fold_name(table, cat->preserve_case) : NULL;
     if (schema && table && (t->source = malloc(strlen(schema) + strlen(table) + 2)) != NULL)
@@ -462,6 +465,19 @@ static int table_first_load(ces_catalog_t *cat, ces_session_t *session, const ch
         if (table_load(cat, session, t, e) < 0)
             return -1;
     }
+    if (t->deleted_column != NULL && t->desc.deleted_col < 0) {
+        char *quoted = ces_session_quote(session, t->deleted_column);
+        if (quoted == NULL) {
+            ces_pgerr_set(e, CES_PGERR_FATAL, -1, NULL, "out of memory");
+            return -1;
+        }
+        int rc = ces_pgcatalog_add_deleted_column(session, t->desc.qualified, quoted, e);
+        free(quoted);
+        if (rc != 0)
+            return ddl_failed(e);
+        if (table_load(cat, session, t, e) < 0)
+            return -1;
+    }
     t->loaded = true;
     return 0;
 }
@@ -510,14 +526,40 @@ static int table_add_missing(const ces_catalog_t *cat, ces_session_t *session,
 }
 
 
+/* Whether a source column of ev maps to the soft-delete column, which ces2pg owns: 1 (with *reject
+ * set), 0, or -1 when out of memory. */
+static int deleted_column_collision(const ces_catalog_t *cat, ces_catalog_table_t *t,
+                                    const ces_event_t *ev, ces_reject_t *reject) {
+    const char **names;
+    size_t n;
+    if (ces_tableplan_event_columns(ev, &names, &n) != 0)
+        return -1;
+    int rc = 0;
+    for (size_t i = 0; i < n && rc == 0; i++) {
+        char *pg = ces_tableplan_column_name(names[i], cat->preserve_case, cat->version_column,
+                                             NULL);
+        if (pg == NULL) {
+            rc = -1;
+        } else if (strcmp(pg, t->deleted_column) == 0) {
+            snprintf(t->reject_reason, sizeof(t->reject_reason),
+                     "name collision: source column '%.100s' maps to the soft-delete column "
+                     "'%.100s' (choose another deleted_column in the table's rule)",
+                     names[i], t->deleted_column);
+            *reject = (ces_reject_t){CES_DL_NAME_COLLISION, t->reject_reason};
+            rc = 1;
+        }
+        free(pg);
+    }
+    free(names);
+    return rc;
+}
+
 /* Whether two of ev's source column names map to one target column (sets *reject, or e when out
  * of memory): checked before the table is made or extended, so that neither is merged. */
 static bool column_collision(const ces_catalog_t *cat, ces_catalog_table_t *t,
                              const ces_event_t *ev, ces_reject_t *reject, ces_pgerr_t *e) {
     const char *a, *b;
     int rc = ces_tableplan_column_collision(ev, cat->preserve_case, cat->version_column, &a, &b);
-    if (rc < 0)
-        ces_pgerr_set(e, CES_PGERR_FATAL, -1, NULL, "out of memory");
     if (rc == 1) {
         snprintf(t->reject_reason, sizeof(t->reject_reason),
                  "name collision: source columns '%.100s' and '%.100s' map to the same "
@@ -525,6 +567,10 @@ static bool column_collision(const ces_catalog_t *cat, ces_catalog_table_t *t,
                  a, b);
         *reject = (ces_reject_t){CES_DL_NAME_COLLISION, t->reject_reason};
     }
+    if (rc == 0 && t->deleted_column != NULL)
+        rc = deleted_column_collision(cat, t, ev, reject);
+    if (rc < 0)
+        ces_pgerr_set(e, CES_PGERR_FATAL, -1, NULL, "out of memory");
     return rc != 0;
 }
 

@@ -56,10 +56,16 @@ typedef struct {
     size_t npk;
     unsigned oid;     /* of the table: tombstones name it */
     long version_col; /* index of the version column; -1 when absent or apply.lsn_guard is off */
+    long deleted_col; /* soft deletes (a rule): index of the column a delete sets; -1: hard */
 } ces_catalog_desc_t;
 
 /* Whether statements on the table carry the version guard (apply.lsn_guard, and the column). */
 static inline bool ces_catalog_guarded(const ces_catalog_desc_t *t) { return t->version_col >= 0; }
+
+/* Whether a delete keeps the row and marks it (a rule's deletes = "soft"). */
+static inline bool ces_catalog_soft_deletes(const ces_catalog_desc_t *t) {
+    return t->deleted_col >= 0;
+}
 
 typedef struct ces_catalog_s ces_catalog_t;
 typedef struct ces_catalog_table_s ces_catalog_table_t;

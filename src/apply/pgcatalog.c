@@ -41,8 +41,9 @@ static int add_column(ces_catalog_desc_t *d, size_t *capacity, const char *name,
 }
 
 int ces_pgcatalog_read(ces_session_t *session, const char *schema, const char *table,
-                       const char *version_column, ces_catalog_desc_t *d, size_t *capacity,
-                       char **source_mark, ces_pgerr_t *e) {
+                       const char *version_column, const char *deleted_column,
+                       ces_catalog_desc_t *d, size_t *capacity, char **source_mark,
+                       ces_pgerr_t *e) {
     static const char *sql =
         "SELECT a.attname, format_type(a.atttypid, a.atttypmod),"
         "       array_position(i.indkey::int2[], a.attnum) - array_lower(i.indkey::int2[], 1) + 1,"
@@ -70,6 +71,7 @@ int ces_pgcatalog_read(ces_session_t *session, const char *schema, const char *t
     d->ncols = 0;
     d->npk = 0;
     d->version_col = -1;
+    d->deleted_col = -1;
     int rows = PQntuples(r);
     if (source_mark != NULL) {
         free(*source_mark);
@@ -90,6 +92,8 @@ int ces_pgcatalog_read(ces_session_t *session, const char *schema, const char *t
             goto nomem;
         if (version_column != NULL && strcmp(PQgetvalue(r, row, 0), version_column) == 0)
             d->version_col = row;
+        if (deleted_column != NULL && strcmp(PQgetvalue(r, row, 0), deleted_column) == 0)
+            d->deleted_col = row;
         d->oid = (unsigned)strtoul(PQgetvalue(r, row, 4), NULL, 10);
     }
     /* Primary key columns in key order (array_position is the 1-based place in the index). */
@@ -273,15 +277,17 @@ int ces_pgcatalog_evolve(ces_session_t *session, const char *qualified,
     return rc;
 }
 
-int ces_pgcatalog_adopt(ces_session_t *session, const char *qualified, const char *version_quoted,
-                        ces_pgerr_t *e) {
+/* ALTER TABLE qualified ADD COLUMN IF NOT EXISTS quoted type, logged as what. */
+static int add_own_column(ces_session_t *session, const char *qualified, const char *quoted,
+                          const char *type, const char *what, ces_pgerr_t *e) {
     ces_strbuf_t sql = {0};
     ces_strbuf_add(&sql, "ALTER TABLE ");
     ces_strbuf_add(&sql, qualified);
     ces_strbuf_add(&sql, " ADD COLUMN IF NOT EXISTS ");
-    ces_strbuf_add(&sql, version_quoted);
-    ces_strbuf_add(&sql, " numeric");
-    ces_log_info("table %s: adding the version column %s", qualified, version_quoted);
+    ces_strbuf_add(&sql, quoted);
+    ces_strbuf_add(&sql, " ");
+    ces_strbuf_add(&sql, type);
+    ces_log_info("table %s: adding the %s %s", qualified, what, quoted);
     int rc = -1;
     if (sql.failed)
         ces_pgerr_set(e, CES_PGERR_FATAL, -1, NULL, "out of memory");
@@ -289,4 +295,15 @@ int ces_pgcatalog_adopt(ces_session_t *session, const char *qualified, const cha
         rc = ces_session_exec_ddl(session, sql.buf, e);
     ces_strbuf_free(&sql);
     return rc;
+}
+
+int ces_pgcatalog_adopt(ces_session_t *session, const char *qualified, const char *version_quoted,
+                        ces_pgerr_t *e) {
+    return add_own_column(session, qualified, version_quoted, "numeric", "version column", e);
+}
+
+int ces_pgcatalog_add_deleted_column(ces_session_t *session, const char *qualified,
+                                     const char *deleted_quoted, ces_pgerr_t *e) {
+    return add_own_column(session, qualified, deleted_quoted, "timestamptz",
+                          "soft-delete column", e);
 }

@@ -43,8 +43,9 @@ typedef struct {
  * What desc holds is freed by ces_pgcatalog_desc_free.
  */
 int ces_pgcatalog_read(ces_session_t *session, const char *schema, const char *table,
-                       const char *version_column, ces_catalog_desc_t *desc, size_t *capacity,
-                       char **source_mark, ces_pgerr_t *e) __attribute__((warn_unused_result));
+                       const char *version_column, const char *deleted_column,
+                       ces_catalog_desc_t *desc, size_t *capacity, char **source_mark,
+                       ces_pgerr_t *e) __attribute__((warn_unused_result));
 
 /* Frees the columns and key ces_pgcatalog_read put in desc (not desc, not its qualified name). */
 void ces_pgcatalog_desc_free(ces_catalog_desc_t *desc);
@@ -69,5 +70,11 @@ int ces_pgcatalog_evolve(ces_session_t *session, const char *qualified,
  * version_quoted, where NULL is older than any event. */
 int ces_pgcatalog_adopt(ces_session_t *session, const char *qualified, const char *version_quoted,
                         ces_pgerr_t *e) __attribute__((warn_unused_result));
+
+/* Adds to the table qualified the column deleted_quoted (timestamptz) that soft deletes set (a
+ * rule's deleted_column), NULL in the rows there are. */
+int ces_pgcatalog_add_deleted_column(ces_session_t *session, const char *qualified,
+                                     const char *deleted_quoted, ces_pgerr_t *e)
+    __attribute__((warn_unused_result));
 
 #endif

@@ -163,6 +163,10 @@ static int send_row(ces_sender_t *s, long idx, const ces_event_t *ev, ces_bulk_k
     if (name == NULL)
         return -1;
     int nparams = add_version_param(s, t, ev, n);
+    if (kind == CES_BULK_ROW_DELETE && ces_catalog_soft_deletes(t)) {
+        s->values[nparams] = ev->time; /* the commit time a soft delete sets; NULL: now() */
+        s->lengths[nparams++] = 0;
+    }
     return ces_inflight_sent(s->inflight,
                              PQsendQueryPrepared(ces_inflight_conn(s->inflight), name, nparams,
                                                  s->values, s->lengths, NULL, 0),
@@ -172,7 +176,14 @@ static int send_row(ces_sender_t *s, long idx, const ces_event_t *ev, ces_bulk_k
 static int send_delete(ces_sender_t *s, long idx, ces_item_t *item, ces_catalog_table_t *table,
                        const ces_field_t *image, size_t nimage, bool bulk, ces_reject_t *reject) {
     const ces_catalog_desc_t *t = ces_catalog_desc(table);
-    if (reserve_scratch(s, t->npk + 1) != 0)
+    if (bulk && ces_catalog_soft_deletes(t)) {
+        /* No bulk soft deletes: row by row, after whatever waits for the key (the flush uses
+         * the scratch values). */
+        if (ces_sender_flush_bulk(s) != 0)
+            return -1;
+        bulk = false;
+    }
+    if (reserve_scratch(s, t->npk + 2) != 0) /* the key, the version, a soft delete's time */
         return -1;
     for (size_t k = 0; k < t->npk; k++) {
         const ces_field_t *f = key_field(table, k, image, nimage, &item->event);

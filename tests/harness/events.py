@@ -4,6 +4,7 @@ partition ces-gen sends each record to.
 """
 
 import json
+import random
 import re
 import subprocess
 import zlib
@@ -173,3 +174,26 @@ def transaction_records(events):
     n = next(_lsn)
     return [event_record(*args, txn=(n, i + 1, i + 1 == len(events)))
             for i, args in enumerate(events)]
+
+
+def disorder(records, how, seed=7):
+    """records reversed, shuffled, or "resent": in order with duplicates right away and a tail
+    of old ones resent long after newer ones (seeded)."""
+    rng = random.Random(seed)
+    if how == "reversed":
+        return list(reversed(records))
+    if how == "shuffled":
+        out = list(records)
+        rng.shuffle(out)
+        return out
+    if how == "resent":
+        # The stream in order, with duplicates right away, immediate repeats, and a tail of old
+        # events resent long after newer ones.
+        out = []
+        for r in records:
+            out.append(r)
+            if rng.random() < 0.1:
+                out.append(r)
+        out += rng.sample(records, len(records) // 3)
+        return out
+    raise ValueError(how)

@@ -15,34 +15,13 @@ import re
 import pytest
 
 from harness.daemon import parse_replay_summary, run_replay
-from harness.events import generate, read_records, write_records
+from harness.events import disorder, generate, read_records, write_records
 from harness.mockbroker import PacedProducer, produce_placed
 from harness.progress import dead_letters, wait_applied
 from harness.tables import assert_tables_match, quote_ident, split_table
 
 GROUP = "ces2pg-test"
 GEN_ARGS = ["--pk-changes", "--reuse-deleted-keys"]
-
-
-def disorder(records, how, seed=7):
-    rng = random.Random(seed)
-    if how == "reversed":
-        return list(reversed(records))
-    if how == "shuffled":
-        out = list(records)
-        rng.shuffle(out)
-        return out
-    if how == "resent":
-        # The stream in order, with duplicates right away, immediate repeats, and a tail of old
-        # events resent long after newer ones.
-        out = []
-        for r in records:
-            out.append(r)
-            if rng.random() < 0.1:
-                out.append(r)
-        out += rng.sample(records, len(records) // 3)
-        return out
-    raise ValueError(how)
 
 
 def test_resend_mode_in_replay(tmp_path, db):

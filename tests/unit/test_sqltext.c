@@ -61,6 +61,7 @@ static void make_table(table_fixture_t *f, const char *schema, const char *table
     f->desc.npk = npk;
     f->desc.oid = 16384;
     f->desc.version_col = version_col;
+    f->desc.deleted_col = -1;
 }
 
 static void free_table(table_fixture_t *f) {
@@ -214,6 +215,38 @@ static void upsert_partial_columns(void **state) {
     ces_strbuf_free(&out);
 }
 
+/* A table with soft deletes (a rule): an insert or update clears the deleted column, a delete sets
+ * it, row by row, and leaves a tombstone only for a key with no row. */
+static void soft_deletes(void **state) {
+    (void)state;
+    static const column_spec_t cols[] = {
+        {"id", "integer", "pg_catalog.int4"},
+        {"name", "character varying(50)", "pg_catalog.\"varchar\""},
+        {"_ces_lsn", "numeric", "pg_catalog.\"numeric\""},
+        {"_ces_deleted_at", "timestamp with time zone", "pg_catalog.timestamptz"},
+    };
+    static const size_t pk[] = {0};
+    static const long both[] = {0, 1}, key_only[] = {0};
+    table_fixture_t f;
+    make_table(&f, "Sales", "Orders", cols, 4, pk, 1, 2);
+    f.desc.deleted_col = 3;
+    ces_strbuf_t out = {0};
+    add_statement(&out, "upsert, guarded: a newer change undoes a soft delete", UPSERT, &f.desc,
+                  both, 2, false);
+    add_statement(&out, "bulk upsert, guarded", UPSERT, &f.desc, both, 2, true);
+    add_statement(&out, "the key alone, guarded", UPSERT, &f.desc, key_only, 1, false);
+    add_statement(&out, "soft delete, guarded: $2 the version, $3 the commit time", DELETE,
+                  &f.desc, NULL, 0, false);
+    f.desc.version_col = -1;
+    add_statement(&out, "upsert, unguarded", UPSERT, &f.desc, both, 2, false);
+    add_statement(&out, "soft delete, unguarded: $2 the commit time", DELETE, &f.desc, NULL, 0,
+                  false);
+    assert_false(out.failed);
+    check_golden("soft_deletes.sql", out.buf);
+    ces_strbuf_free(&out);
+    free_table(&f);
+}
+
 /* A two-column key listed in key order, which is not table order. */
 static void composite_key(void **state) {
     (void)state;
@@ -308,7 +341,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(single_shapes),       cmocka_unit_test(upsert_partial_columns),
         cmocka_unit_test(composite_key),       cmocka_unit_test(hostile_identifiers),
-        cmocka_unit_test(parameter_counts),
+        cmocka_unit_test(parameter_counts),    cmocka_unit_test(soft_deletes),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
