@@ -88,7 +88,9 @@ static bool table_rule(void *opaque, const char *schema, const char *table,
     *rule = (ces_catalog_rule_t){.target = r->target,
                                  .deleted_column = r->deletes == CES_RULE_DELETES_SOFT
                                                        ? r->deleted_column
-                                                       : NULL};
+                                                       : NULL,
+                                 .history_table = r->history_table,
+                                 .history_only = r->history == CES_RULE_HISTORY_ONLY};
     return true;
 }
 

@@ -41,6 +41,7 @@
 typedef enum {
     CES_BULK_ROW_UPSERT = 'U', /* one row, with ON CONFLICT */
     CES_BULK_ROW_DELETE = 'D',
+    CES_BULK_ROW_HISTORY = 'H', /* one change appended to a history table */
     CES_BULK_UPSERT = 'u', /* many rows, with ON CONFLICT */
     CES_BULK_INSERT = 'i', /* many rows, without */
     CES_BULK_DELETE = 'd',

@@ -30,6 +30,10 @@ struct ces_catalog_table_s {
     bool preserve_case;
     const char *version_column; /* reference to the catalog's */
     const char *deleted_column; /* the rule's soft-delete column (the configuration's); NULL */
+    const char *history_template; /* the rule's history table (the configuration's); NULL */
+    bool history_only;            /* no mirror: the history table alone */
+    bool is_history;              /* this is a history table (another table's history) */
+    struct ces_catalog_table_s *history; /* owned; made when first needed */
     /* The source's name as schema.target spells it ("dbo.Orders"), which the table's comment
      * carries when ces2pg made it; source_mark: what the comment says, NULL when no mark. */
     char *source;
@@ -94,6 +98,7 @@ static void table_free(void *value, void *arg) {
     free(t->pg_table);
     free(t->source);
     free(t->source_mark);
+    table_free(t->history, NULL);
     free(t);
 }
 
@@ -152,6 +157,10 @@ void ces_catalog_forget(ces_catalog_t *cat) {
 
 const ces_catalog_desc_t *ces_catalog_desc(const ces_catalog_table_t *t) { return &t->desc; }
 
+bool ces_catalog_mirrored(const ces_catalog_table_t *t) { return !t->history_only; }
+
+ces_catalog_table_t *ces_catalog_history(ces_catalog_table_t *t) { return t->history; }
+
 bool ces_catalog_note_no_old_image(ces_catalog_table_t *t) {
     if (t->warned_no_old_image)
         return false;
@@ -198,7 +207,8 @@ static int table_load(const ces_catalog_t *cat, ces_session_t *session, ces_cata
     ces_map_clear(t->type_checks, NULL, NULL);
     ces_shapes_clear(t->shapes);
     return ces_pgcatalog_read(session, t->pg_schema, t->pg_table,
-                              cat->lsn_guard ? cat->version_column : NULL, t->deleted_column,
+                              cat->lsn_guard && !t->is_history ? cat->version_column : NULL,
+                              t->deleted_column,
                               &t->desc, &t->capacity, &t->source_mark, e);
 }
 
@@ -340,8 +350,10 @@ static int table_owner(ces_catalog_t *cat, ces_catalog_table_t *t, const ces_eve
     return -1;
 }
 
-static ces_catalog_table_t *table_new(ces_catalog_t *cat, const ces_session_t *session,
-                                      const ces_event_t *ev) {
+/* A table named by template ("SCHEMA.TABLE" with placeholders; NULL: schema.target's parts) for
+ * ev's source. */
+static ces_catalog_table_t *table_make(ces_catalog_t *cat, const ces_session_t *session,
+                                       const ces_event_t *ev, const char *template) {
     ces_catalog_table_t *t = calloc(1, sizeof(*t));
     if (t == NULL)
         return NULL;
@@ -353,13 +365,11 @@ static ces_catalog_table_t *table_new(ces_catalog_t *cat, const ces_session_t *s
     t->shapes = ces_shapes_new();
     t->preserve_case = cat->preserve_case;
     t->version_column = cat->version_column;
-    ces_catalog_rule_t rule = {0};
     char *schema, *table;
-    if (cat->rule_of != NULL && cat->rule_of(cat->rule_opaque, ev->schema, ev->table, &rule) &&
-        rule.target != NULL && strchr(rule.target, '.') != NULL) {
+    if (template != NULL && strchr(template, '.') != NULL) {
         /* Checked when the configuration was read: SCHEMA.TABLE, one dot. */
-        const char *dot = strchr(rule.target, '.');
-        char *schema_part = strndup(rule.target, (size_t)(dot - rule.target));
+        const char *dot = strchr(template, '.');
+        char *schema_part = strndup(template, (size_t)(dot - template));
         schema = schema_part ? ces_tableplan_expand_target(schema_part, ev) : NULL;
         table = ces_tableplan_expand_target(dot + 1, ev);
         free(schema_part);
@@ -367,7 +377,6 @@ static ces_catalog_table_t *table_new(ces_catalog_t *cat, const ces_session_t *s
         schema = ces_tableplan_expand_target(cat->target_schema, ev);
         table = ces_tableplan_expand_target(cat->target_table, ev);
     }
-    t->deleted_column = rule.deleted_column;
     t->pg_schema = schema ? ces_tableplan_fold_name(schema, cat->preserve_case) : NULL;
     t->pg_table = table ? ces_tableplan_fold_name(table, cat->preserve_case) : NULL;
     if (schema && table && (t->source = malloc(strlen(schema) + strlen(table) + 2)) != NULL)
@@ -387,8 +396,35 @@ static ces_catalog_table_t *table_new(ces_catalog_t *cat, const ces_session_t *s
         table_free(t, NULL);
         return NULL;
     }
-    table_refusal(cat, t, ev);
     return t;
+}
+
+/* The table of ev's source, as its rule (if any) says. */
+static ces_catalog_table_t *table_new(ces_catalog_t *cat, const ces_session_t *session,
+                                      const ces_event_t *ev) {
+    ces_catalog_rule_t rule = {0};
+    if (cat->rule_of != NULL)
+        cat->rule_of(cat->rule_opaque, ev->schema, ev->table, &rule);
+    ces_catalog_table_t *t = table_make(cat, session, ev, rule.target);
+    if (t == NULL)
+        return NULL;
+    t->deleted_column = rule.deleted_column;
+    t->history_template = rule.history_table;
+    t->history_only = rule.history_table != NULL && rule.history_only;
+    if (!t->history_only) /* its name is never used otherwise */
+        table_refusal(cat, t, ev);
+    return t;
+}
+
+/* The history table of t, for ev's source. */
+static ces_catalog_table_t *history_new(ces_catalog_t *cat, const ces_session_t *session,
+                                        const ces_catalog_table_t *t, const ces_event_t *ev) {
+    ces_catalog_table_t *h = table_make(cat, session, ev, t->history_template);
+    if (h == NULL)
+        return NULL;
+    h->is_history = true;
+    table_refusal(cat, h, ev);
+    return h;
 }
 
 /* The event is refused: its table has no primary key (warned once per table). */
@@ -406,7 +442,7 @@ static void reject_no_pk(ces_catalog_table_t *t, const ces_event_t *ev, ces_reje
  * *reject). */
 static bool refuse_missing(const ces_catalog_t *cat, ces_catalog_table_t *t, const ces_event_t *ev,
                            ces_reject_t *reject) {
-    if (ev->npkkey == 0) {
+    if (ev->npkkey == 0 && !t->is_history) { /* a history table is keyed on the version */
         reject_no_pk(t, ev, reject);
         return true;
     }
@@ -439,7 +475,8 @@ static int table_first_load(ces_catalog_t *cat, ces_session_t *session, const ch
             return -1;
         }
         ces_pgcatalog_names_t names = {cat->preserve_case, cat->version_column,
-                                       cat->lsn_guard ? version_quoted : NULL};
+                                       cat->lsn_guard && !t->is_history ? version_quoted : NULL,
+                                       t->is_history};
         if (ces_pgcatalog_create(session, t->pg_schema, t->desc.qualified, &names, t->source, ev,
                                  e) != 0)
             return ddl_failed(e);
@@ -459,7 +496,7 @@ static int table_first_load(ces_catalog_t *cat, ces_session_t *session, const ch
     }
     if (table_owner(cat, t, ev, reject, e) != 0)
         return -1;
-    if (cat->lsn_guard && t->desc.version_col < 0) {
+    if (cat->lsn_guard && !t->is_history && t->desc.version_col < 0) {
         if (ces_pgcatalog_adopt(session, t->desc.qualified, version_quoted, e) != 0)
             return ddl_failed(e);
         if (table_load(cat, session, t, e) < 0)
@@ -509,7 +546,7 @@ static int table_add_missing(const ces_catalog_t *cat, ces_session_t *session,
                 missing[still++] = missing[i];
         }
         nmissing = still;
-        ces_pgcatalog_names_t names = {cat->preserve_case, cat->version_column, NULL};
+        ces_pgcatalog_names_t names = {cat->preserve_case, cat->version_column, NULL, false};
         if (nmissing > 0 && ces_pgcatalog_evolve(session, t->desc.qualified, &names, ev, missing,
                                                  nmissing, e) != 0)
             rc = ddl_failed(e);
@@ -526,10 +563,27 @@ static int table_add_missing(const ces_catalog_t *cat, ces_session_t *session,
 }
 
 
-/* Whether a source column of ev maps to the soft-delete column, which ces2pg owns: 1 (with *reject
- * set), 0, or -1 when out of memory. */
-static int deleted_column_collision(const ces_catalog_t *cat, ces_catalog_table_t *t,
-                                    const ces_event_t *ev, ces_reject_t *reject) {
+/* The column of t that ces2pg owns and the PostgreSQL name pg names (a soft-delete column, a
+ * history table's own columns), with what it is; NULL when none. */
+static const char *owned_column(const ces_catalog_table_t *t, const char *pg, const char **what) {
+    static const char *const meta[] = CES_CATALOG_HISTORY_META;
+    if (t->deleted_column != NULL && strcmp(pg, t->deleted_column) == 0) {
+        *what = "the soft-delete column";
+        return t->deleted_column;
+    }
+    for (size_t i = 0; t->is_history && i < CES_CATALOG_HISTORY_NMETA; i++) {
+        if (strcmp(pg, meta[i]) == 0) {
+            *what = "a column of the history table's own";
+            return meta[i];
+        }
+    }
+    return NULL;
+}
+
+/* Whether a source column of ev maps to a column ces2pg owns in t: 1 (with *reject set), 0, or -1
+ * when out of memory. */
+static int owned_column_collision(const ces_catalog_t *cat, ces_catalog_table_t *t,
+                                  const ces_event_t *ev, ces_reject_t *reject) {
     const char **names;
     size_t n;
     if (ces_tableplan_event_columns(ev, &names, &n) != 0)
@@ -538,13 +592,16 @@ static int deleted_column_collision(const ces_catalog_t *cat, ces_catalog_table_
     for (size_t i = 0; i < n && rc == 0; i++) {
         char *pg = ces_tableplan_column_name(names[i], cat->preserve_case, cat->version_column,
                                              NULL);
+        const char *what, *owned = pg != NULL ? owned_column(t, pg, &what) : NULL;
         if (pg == NULL) {
             rc = -1;
-        } else if (strcmp(pg, t->deleted_column) == 0) {
+        } else if (owned != NULL) {
             snprintf(t->reject_reason, sizeof(t->reject_reason),
-                     "name collision: source column '%.100s' maps to the soft-delete column "
-                     "'%.100s' (choose another deleted_column in the table's rule)",
-                     names[i], t->deleted_column);
+                     "name collision: source column '%.100s' maps to %s '%.100s'%s", names[i],
+                     what, owned,
+                     owned == t->deleted_column
+                         ? " (choose another deleted_column in the table's rule)"
+                         : "");
             *reject = (ces_reject_t){CES_DL_NAME_COLLISION, t->reject_reason};
             rc = 1;
         }
@@ -567,12 +624,16 @@ static bool column_collision(const ces_catalog_t *cat, ces_catalog_table_t *t,
                  a, b);
         *reject = (ces_reject_t){CES_DL_NAME_COLLISION, t->reject_reason};
     }
-    if (rc == 0 && t->deleted_column != NULL)
-        rc = deleted_column_collision(cat, t, ev, reject);
+    if (rc == 0 && (t->deleted_column != NULL || t->is_history))
+        rc = owned_column_collision(cat, t, ev, reject);
     if (rc < 0)
         ces_pgerr_set(e, CES_PGERR_FATAL, -1, NULL, "out of memory");
     return rc != 0;
 }
+
+static int table_ready(ces_catalog_t *cat, ces_session_t *session, const char *version_quoted,
+                       ces_catalog_table_t *t, const ces_event_t *ev, uint64_t attempt,
+                       ces_reject_t *reject, ces_pgerr_t *e);
 
 ces_catalog_table_t *ces_catalog_ensure(ces_catalog_t *cat, ces_session_t *session,
                                         const char *version_quoted, const ces_event_t *ev,
@@ -595,37 +656,55 @@ ces_catalog_table_t *ces_catalog_ensure(ces_catalog_t *cat, ces_session_t *sessi
         cat->last = t;
         cat->last_klen = klen;
     }
+    if (!t->history_only && table_ready(cat, session, version_quoted, t, ev, attempt, reject, e) != 0)
+        return NULL;
+    if (t->history_template != NULL) {
+        if (t->history == NULL && (t->history = history_new(cat, session, t, ev)) == NULL) {
+            ces_pgerr_set(e, CES_PGERR_FATAL, -1, NULL, "out of memory");
+            return NULL;
+        }
+        if (table_ready(cat, session, version_quoted, t->history, ev, attempt, reject, e) != 0)
+            return NULL;
+    }
+    return t;
+}
+
+/* t (a target or a history table) made, extended and checked for ev. Returns 0, or -1 with e or
+ * *reject set. */
+static int table_ready(ces_catalog_t *cat, ces_session_t *session, const char *version_quoted,
+                       ces_catalog_table_t *t, const ces_event_t *ev, uint64_t attempt,
+                       ces_reject_t *reject, ces_pgerr_t *e) {
     if (t->refused.reason != NULL) {
         *reject = t->refused;
-        return NULL;
+        return -1;
     }
     if (t->loaded && ces_shapes_known(t->shapes, ev))
-        return t;
+        return 0;
     if (column_collision(cat, t, ev, reject, e))
-        return NULL;
+        return -1;
     bool fresh = false;
     if (!t->loaded) {
         /* Found missing earlier in this attempt: asking the server again for each of its events
          * would be a round trip each (a stream of a table left out of a replica is dead-lettered
          * at the rate of those). A table created meanwhile is found by the next attempt. */
         if (t->absent_attempt == attempt && refuse_missing(cat, t, ev, reject))
-            return NULL;
+            return -1;
         if (table_first_load(cat, session, version_quoted, t, ev, attempt, reject, e) != 0)
-            return NULL;
+            return -1;
         fresh = true;
     }
     if (t->desc.npk == 0) {
         reject_no_pk(t, ev, reject);
-        return NULL;
+        return -1;
     }
     /* The common case, cheaply: every column the event names is known (hash lookups only). */
     if (!all_columns_known(t, ev) &&
         table_add_missing(cat, session, t, ev, fresh, reject, e) != 0)
-        return NULL;
+        return -1;
     bool unchecked;
     if (type_conflict(cat, t, ev, reject, &unchecked))
-        return NULL;
+        return -1;
     if (!unchecked)
         ces_shapes_remember(t->shapes, ev);
-    return t;
+    return 0;
 }

@@ -74,7 +74,20 @@ typedef struct ces_catalog_table_s ces_catalog_table_t;
 typedef struct {
     const char *target;         /* "SCHEMA.TABLE" with {db}, {schema}, {table}; NULL: options' */
     const char *deleted_column; /* soft deletes: the column a delete sets; NULL: hard deletes */
+    const char *history_table;  /* every change also appended there (a template); NULL: none */
+    bool history_only;          /* the history table alone: no mirror table */
 } ces_catalog_rule_t;
+
+/* The columns a history table has before the source's, in this order: the change's version
+ * (its primary key: each change once), operation (INS, UPD, DEL), commit LSN ("VLF:block:slot"),
+ * sequence number, commit time (the envelope's; NULL when it has none) and when it was applied. */
+#define CES_CATALOG_HISTORY_VERSION "_ces_version"
+#define CES_CATALOG_HISTORY_META                                                                   \
+    {CES_CATALOG_HISTORY_VERSION, "_ces_operation", "_ces_commit_lsn", "_ces_sequence",            \
+     "_ces_commit_time", "_ces_applied_at"}
+#define CES_CATALOG_HISTORY_NMETA 6
+/* Of those, the ones each change gives a value (the last has a default). */
+#define CES_CATALOG_HISTORY_NVALUES 5
 
 /* The rule of the source table schema.table: fills *rule and returns true, or returns false for
  * the defaults. Called once per source table; the strings must outlive the catalog. */
@@ -119,6 +132,13 @@ ces_catalog_table_t *ces_catalog_ensure(ces_catalog_t *catalog, ces_session_t *s
 
 /* The table's description (a reference into table). */
 const ces_catalog_desc_t *ces_catalog_desc(const ces_catalog_table_t *table);
+
+/* Whether the table's changes go to its target table (false with history = "only"). */
+bool ces_catalog_mirrored(const ces_catalog_table_t *table);
+
+/* The table's history table (a rule's history), ready for ev like the table itself; NULL when it
+ * keeps none. Owned by the catalog, like the table. */
+ces_catalog_table_t *ces_catalog_history(ces_catalog_table_t *table);
 
 /* The index of the table's column for a source column name, or -1. Answers are remembered, so that
  * this costs one hash lookup per column of an event. */

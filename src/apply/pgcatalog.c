@@ -199,8 +199,19 @@ static int create_table_sql(ces_strbuf_t *sql, const ces_session_t *session, con
     ces_strbuf_add(sql, ";\nCREATE TABLE ");
     ces_strbuf_add(sql, qualified);
     ces_strbuf_add(sql, " (");
+    if (names->history) {
+        /* Fixed names, quoted as they are: no event chooses them. */
+        ces_strbuf_add(sql, "\"" CES_CATALOG_HISTORY_VERSION "\" numeric PRIMARY KEY, "
+                            "\"_ces_operation\" text NOT NULL, \"_ces_commit_lsn\" text NOT NULL, "
+                            "\"_ces_sequence\" bigint NOT NULL, \"_ces_commit_time\" timestamptz, "
+                            "\"_ces_applied_at\" timestamptz NOT NULL DEFAULT now(), ");
+    }
     if (add_new_columns(sql, session, qualified, names, ev) != 0)
         return -1;
+    if (names->history) { /* the source's key is no key here: a row per change */
+        ces_strbuf_add(sql, ")");
+        return sql->failed ? -1 : 0;
+    }
     if (version_quoted != NULL) {
         ces_strbuf_add(sql, ", ");
         ces_strbuf_add(sql, version_quoted);

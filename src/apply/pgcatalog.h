@@ -31,6 +31,7 @@ typedef struct {
     bool preserve_case;
     const char *version_column; /* its name (reserved for ces2pg) */
     const char *version_quoted; /* quoted, for CREATE TABLE; NULL: tables get no version column */
+    bool history; /* a history table: CES_CATALOG_HISTORY_META first, keyed on the version */
 } ces_pgcatalog_names_t;
 
 /*

@@ -64,6 +64,9 @@ static void build_statement(ces_strbuf_t *sql, const ces_sqltext_names_t *names,
     case CES_BULK_DELETE:
         ces_sqltext_delete(sql, names, t, true);
         break;
+    case CES_BULK_ROW_HISTORY:
+        ces_sqltext_history(sql, t, cols, ncols);
+        break;
     }
 }
 

@@ -29,6 +29,7 @@ struct ces_sender_s {
     char *sig; /* the statement signature being built */
     size_t sig_capacity;
     char version[64];
+    char history_lsn[23], history_sequence[24]; /* a history row's own values */
     /* The last upsert's columns, by its event's shape (the names of its column list and images,
      * in order, which alone decide them): a table's events nearly always repeat a shape, so the
      * names of an event of the last shape need not be resolved again. The shape is the batch's
@@ -365,8 +366,69 @@ static bool key_changed(ces_catalog_table_t *table, const ces_event_t *ev) {
     return false;
 }
 
-int ces_sender_event(ces_sender_t *s, long idx, ces_item_t *item, ces_catalog_table_t *table,
-                     ces_reject_t *reject) {
+/*
+ * Appends the change to the history table h: its version, operation, commit LSN, sequence and
+ * time, and its row image (the new row; the old one for a delete, or its key when the source sends
+ * no old image), row by row.
+ */
+static int send_history(ces_sender_t *s, long idx, ces_item_t *item, ces_catalog_table_t *h) {
+    const ces_event_t *ev = &item->event;
+    const ces_catalog_desc_t *t = ces_catalog_desc(h);
+    const ces_field_t *image = ev->current;
+    size_t nimage = ev->ncurrent;
+    if (ev->op == CES_OP_DELETE) {
+        image = ev->nold > 0 ? ev->old : ev->pkkey;
+        nimage = ev->nold > 0 ? ev->nold : ev->npkkey;
+    }
+    const size_t meta = CES_CATALOG_HISTORY_NVALUES;
+    if (reserve_scratch(s, meta + nimage) != 0 || new_marks(s, t) != 0)
+        return -1;
+    size_t n = 0;
+    for (size_t i = 0; i < nimage; i++) {
+        long col = ces_catalog_resolve_column(h, image[i].name);
+        if (col < 0 || s->marks[col] == s->mark)
+            continue; /* a duplicate after case folding: the first wins */
+        s->marks[col] = s->mark;
+        /* In column order, so that equal shapes share one statement. */
+        size_t j = n++;
+        for (; j > 0 && s->cols[j - 1] > col; j--) {
+            s->cols[j] = s->cols[j - 1];
+            s->fields[j] = s->fields[j - 1];
+        }
+        s->cols[j] = col;
+        s->fields[j] = &image[i];
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (param_value(s, item, t, s->cols[i], s->fields[i], meta + i) != 0)
+            return -1;
+    }
+    ces_version_format(&ev->version, s->version, sizeof(s->version));
+    ces_lsn_format(ev->version.commit_lsn, s->history_lsn);
+    snprintf(s->history_sequence, sizeof(s->history_sequence), "%llu",
+             (unsigned long long)ev->version.sequence);
+    const char *values[] = {s->version, ces_op_name(ev->op), s->history_lsn, s->history_sequence,
+                            ev->time};
+    for (size_t i = 0; i < meta; i++) {
+        s->values[i] = values[i];
+        s->lengths[i] = 0;
+    }
+    if (ces_bulk_reserve_signature(&s->sig, &s->sig_capacity, n) != 0)
+        return out_of_memory(s);
+    size_t sl = ces_bulk_signature(s->sig, s->sig_capacity, CES_BULK_ROW_HISTORY, t->id, s->cols,
+                                   n);
+    const char *name = ces_prepared_get(s->prepared, s->inflight, s->metadata, s->sig, sl, idx,
+                                        CES_BULK_ROW_HISTORY, t, s->cols, n);
+    if (name == NULL)
+        return -1;
+    return ces_inflight_sent(s->inflight,
+                             PQsendQueryPrepared(ces_inflight_conn(s->inflight), name,
+                                                 (int)(meta + n), s->values, s->lengths, NULL, 0),
+                             CES_INFLIGHT_ROW, idx);
+}
+
+/* The change itself, to the table's target table. */
+static int send_mirror(ces_sender_t *s, long idx, ces_item_t *item, ces_catalog_table_t *table,
+                       ces_reject_t *reject) {
     const ces_event_t *ev = &item->event;
     if (ev->op == CES_OP_DELETE)
         return send_delete(s, idx, item, table, ev->old, ev->nold, s->bulk, reject);
@@ -387,6 +449,15 @@ int ces_sender_event(ces_sender_t *s, long idx, ces_item_t *item, ces_catalog_ta
         return send_upsert(s, idx, item, table, false, reject);
     }
     return send_upsert(s, idx, item, table, s->bulk, reject);
+}
+
+int ces_sender_event(ces_sender_t *s, long idx, ces_item_t *item, ces_catalog_table_t *table,
+                     ces_reject_t *reject) {
+    if (ces_catalog_mirrored(table) &&
+        (send_mirror(s, idx, item, table, reject) != 0 || reject->reason != NULL))
+        return reject->reason != NULL ? 0 : -1;
+    ces_catalog_table_t *h = ces_catalog_history(table);
+    return h != NULL ? send_history(s, idx, item, h) : 0;
 }
 
 

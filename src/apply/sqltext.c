@@ -284,6 +284,24 @@ void ces_sqltext_delete(ces_strbuf_t *sql, const ces_sqltext_names_t *names,
                         "deleted_at = now() WHERE ts.version < EXCLUDED.version");
 }
 
+void ces_sqltext_history(ces_strbuf_t *sql, const ces_catalog_desc_t *t, const long *cols,
+                         size_t n) {
+    static const char *const meta[] = CES_CATALOG_HISTORY_META;
+    ces_strbuf_add(sql, "INSERT INTO ");
+    ces_strbuf_add(sql, t->qualified);
+    ces_strbuf_add(sql, " (");
+    for (size_t i = 0; i < CES_CATALOG_HISTORY_NVALUES; i++)
+        ces_strbuf_addf(sql, "%s\"%s\"", i ? ", " : "", meta[i]); /* fixed, safe names */
+    for (size_t i = 0; i < n; i++) {
+        ces_strbuf_add(sql, ", ");
+        ces_strbuf_add(sql, t->cols[cols[i]].quoted);
+    }
+    ces_strbuf_add(sql, ") VALUES ($1::numeric, $2, $3, $4::bigint, $5::timestamptz");
+    for (size_t i = 0; i < n; i++)
+        ces_strbuf_addf(sql, ", $%zu", CES_CATALOG_HISTORY_NVALUES + i + 1);
+    ces_strbuf_add(sql, ") ON CONFLICT (\"" CES_CATALOG_HISTORY_VERSION "\") DO NOTHING");
+}
+
 int ces_sqltext_nparams(const ces_catalog_desc_t *t, size_t nvalues) {
     return (int)nvalues + (ces_catalog_guarded(t) ? 1 : 0);
 }

@@ -9,7 +9,7 @@
 #include <strings.h>
 
 /* The keys a rule may hold, for the message that refuses another. */
-#define RULE_KEYS "match, target, deletes, deleted_column"
+#define RULE_KEYS "match, target, deletes, deleted_column, history, history_table"
 
 void ces_rules_free(ces_rules_t *rules) {
     if (rules == NULL)
@@ -18,6 +18,7 @@ void ces_rules_free(ces_rules_t *rules) {
         free(rules->items[i].match);
         free(rules->items[i].target);
         free(rules->items[i].deleted_column);
+        free(rules->items[i].history_table);
     }
     free(rules->items);
     rules->items = NULL;
@@ -66,6 +67,48 @@ static int refuse(char *errstr, size_t errstr_size, const char *path, int line, 
     return -1;
 }
 
+/* The history keys of r (history: the value of `history`, NULL when absent). Returns 0, or -1 with
+ * errstr set. */
+static int read_history(ces_rule_t *r, const char *history, const char *path, char *errstr,
+                        size_t errstr_size) {
+    char why[256];
+    if (history == NULL || strcmp(history, "off") == 0)
+        r->history = CES_RULE_HISTORY_OFF;
+    else if (strcmp(history, "also") == 0)
+        r->history = CES_RULE_HISTORY_ALSO;
+    else if (strcmp(history, "only") == 0)
+        r->history = CES_RULE_HISTORY_ONLY;
+    else
+        return refuse(errstr, errstr_size, path, r->line,
+                      "history must be \"off\", \"also\" (beside the mirror) or \"only\" "
+                      "(instead of it)",
+                      "");
+    if (r->history == CES_RULE_HISTORY_OFF) {
+        if (r->history_table != NULL)
+            return refuse(errstr, errstr_size, path, r->line,
+                          "history_table names the history table: it needs history = \"also\" "
+                          "or \"only\"",
+                          "");
+        return 0;
+    }
+    if (r->history == CES_RULE_HISTORY_ONLY && (r->target != NULL || r->deleted_column != NULL))
+        return refuse(errstr, errstr_size, path, r->line,
+                      "with history = \"only\" there is no mirror table: target, deletes and "
+                      "deleted_column do not apply",
+                      "");
+    if (r->history_table == NULL &&
+        (r->history_table = strdup(CES_RULES_HISTORY_TABLE_DEFAULT)) == NULL) {
+        snprintf(errstr, errstr_size, "%s: out of memory", path);
+        return -1;
+    }
+    if (ces_rules_target_problem(r->history_table, why, sizeof(why)) != NULL)
+        return refuse(errstr, errstr_size, path, r->line, "history_table ", why);
+    if (r->target != NULL && strcmp(r->target, r->history_table) == 0)
+        return refuse(errstr, errstr_size, path, r->line,
+                      "history_table must differ from target", "");
+    return 0;
+}
+
 /* One group of the list into r. Returns 0, or -1 with errstr set. */
 static int read_rule(ces_rule_t *r, config_setting_t *g, const char *path, char *errstr,
                      size_t errstr_size) {
@@ -75,7 +118,7 @@ static int read_rule(ces_rule_t *r, config_setting_t *g, const char *path, char 
         return refuse(errstr, errstr_size, path, r->line,
                       "each rule must be a group: tables = ( { match = \"dbo.Orders\"; ... } );",
                       "");
-    char *deletes = NULL;
+    char *deletes = NULL, *history = NULL;
     int rc = -1;
     for (int k = 0; k < config_setting_length(g); k++) {
         config_setting_t *s = config_setting_get_elem(g, (unsigned)k);
@@ -84,6 +127,8 @@ static int read_rule(ces_rule_t *r, config_setting_t *g, const char *path, char 
                        : strcmp(name, "target") == 0         ? &r->target
                        : strcmp(name, "deletes") == 0        ? &deletes
                        : strcmp(name, "deleted_column") == 0 ? &r->deleted_column
+                       : strcmp(name, "history") == 0        ? &history
+                       : strcmp(name, "history_table") == 0  ? &r->history_table
                                                              : NULL;
         if (field == NULL) {
             snprintf(errstr, errstr_size,
@@ -130,9 +175,12 @@ static int read_rule(ces_rule_t *r, config_setting_t *g, const char *path, char 
         refuse(errstr, errstr_size, path, r->line, "deleted_column must be 1 to 63 bytes", "");
         goto done;
     }
+    if (read_history(r, history, path, errstr, errstr_size) != 0)
+        goto done;
     rc = 0;
 done:
     free(deletes);
+    free(history);
     return rc;
 }
 
@@ -221,21 +269,30 @@ const ces_rule_t *ces_rules_match(const ces_rules_t *rules, const char *schema,
 
 static void describe_deletes(FILE *out, ces_rule_deletes_t deletes, const char *column) {
     if (deletes == CES_RULE_DELETES_SOFT)
-        fprintf(out, "deletes soft (a delete keeps the row and sets %s to the commit time)\n",
+        fprintf(out, "deletes soft (a delete keeps the row and sets %s to the commit time)",
                 column);
     else
-        fputs("deletes hard\n", out);
+        fputs("deletes hard", out);
 }
 
 void ces_rules_describe(FILE *out, const ces_rules_t *rules, const char *default_target) {
     for (size_t i = 0; i < rules->count; i++) {
         const ces_rule_t *r = &rules->items[i];
-        fprintf(out, "tables: %s %s (line %d): target %s, ", r->pattern ? "pattern" : "table",
-                r->match, r->line, r->target ? r->target : default_target);
+        fprintf(out, "tables: %s %s (line %d): ", r->pattern ? "pattern" : "table", r->match,
+                r->line);
+        if (r->history == CES_RULE_HISTORY_ONLY) {
+            fprintf(out, "history only, in %s (append only, no mirror)\n", r->history_table);
+            continue;
+        }
+        fprintf(out, "target %s, ", r->target ? r->target : default_target);
         describe_deletes(out, r->deletes, r->deleted_column);
+        if (r->history == CES_RULE_HISTORY_ALSO)
+            fprintf(out, ", every change also in %s", r->history_table);
+        fputc('\n', out);
     }
     fprintf(out, "tables: %s: target %s, ",
             rules->count ? "any other table" : "every table (no rule in schema.tables)",
             default_target);
     describe_deletes(out, CES_RULE_DELETES_HARD, NULL);
+    fputc('\n', out);
 }

@@ -7,8 +7,10 @@
  * (schema.target, hard deletes). A rule says where the table goes (`target`, "SCHEMA.TABLE" with
  * {db}, {schema} and {table}, like schema.target) and what a delete does (`deletes`: "hard"
  * removes the row; "soft" keeps it and sets `deleted_column` to the source commit time, which a
- * later insert or update of the key clears). Every key a rule may hold is known here: anything
- * else is an error, never ignored. docs/semantics.md ("Per-table rules") states the guarantees.
+ * later insert or update of the key clears), and whether every change is also appended to a history
+ * table (`history`: "off", "also" beside the mirror, "only" instead of it; `history_table`, a
+ * template like target's, default "{schema}.{table}_history"). Every key a rule may hold is known
+ * here: anything else is an error, never ignored. docs/semantics.md ("Per-table rules") states the guarantees.
  */
 #ifndef CES_RULES_H
 #define CES_RULES_H
@@ -19,11 +21,18 @@
 #include <stdio.h>
 
 #define CES_RULES_DELETED_COLUMN_DEFAULT "_ces_deleted_at"
+#define CES_RULES_HISTORY_TABLE_DEFAULT "{schema}.{table}_history"
 
 typedef enum {
     CES_RULE_DELETES_HARD = 0, /* a delete removes the row (a tombstone remembers it) */
     CES_RULE_DELETES_SOFT,     /* a delete keeps the row and marks it (deleted_column) */
 } ces_rule_deletes_t;
+
+typedef enum {
+    CES_RULE_HISTORY_OFF = 0, /* no history */
+    CES_RULE_HISTORY_ALSO,    /* the mirror, and every change appended to the history table */
+    CES_RULE_HISTORY_ONLY,    /* the history table alone (append only), no mirror */
+} ces_rule_history_t;
 
 typedef struct {
     char *match;   /* "dbo.Orders", "sales.*" */
@@ -31,6 +40,8 @@ typedef struct {
     char *target;  /* "SCHEMA.TABLE" with placeholders; NULL: schema.target */
     ces_rule_deletes_t deletes;
     char *deleted_column; /* the target column a soft delete sets; NULL with hard deletes */
+    ces_rule_history_t history;
+    char *history_table; /* "SCHEMA.TABLE" with placeholders; NULL when history is off */
     int line;             /* of the rule in the configuration file */
 } ces_rule_t;
 

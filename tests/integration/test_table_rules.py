@@ -1,16 +1,19 @@
 """Per-table rules (schema.tables): the first rule whose match fits a source
-table decides its target and what a delete does; tables no rule matches get
-the defaults. --check-config prints the effective rule of every table it can
-name, and a rule it cannot follow is a configuration error (exit 78)."""
+table decides its target, what a delete does (soft deletes) and whether its
+changes are kept in a history table; tables no rule matches get the defaults.
+--check-config prints the effective rule of every table it can name, and a
+rule it cannot follow is a configuration error (exit 78)."""
 
 import json
 
 import pytest
 
+from harness.common import wait_until
 from harness.daemon import (EX_CONFIG, make_config, parse_replay_summary, run_ces2pg, run_replay,
                             write_config)
 from harness.events import disorder, event_record, generate, read_records, write_records
-from harness.progress import dead_letters, wait_applied
+from harness.mockbroker import PacedProducer
+from harness.progress import dead_letters, read_offsets, wait_applied
 from harness.tables import assert_tables_match, quote_ident, split_table
 
 GROUP = "ces2pg-rules"
@@ -185,3 +188,118 @@ def test_a_source_column_named_like_the_deleted_column_is_refused(tmp_path, db):
     assert [r["reason"] for r in dead_letters(db)] == [
         "name collision: source column 'Gone' maps to the soft-delete column 'gone' (choose "
         "another deleted_column in the table's rule)"]
+
+
+# --------------------------------------------------------------------------
+# history
+# --------------------------------------------------------------------------
+
+def record_versions(records):
+    """{source table: {(VLF, block, slot, sequence)}}: the distinct changes of records."""
+    out = {}
+    for r in records:
+        data = json.loads(json.loads(r)["data"])
+        src, txn = data["eventsource"], data["eventsource"]["transaction"]
+        lsn = tuple(int(p, 16) for p in txn["commitlsn"].split(":"))
+        out.setdefault(f'{src["schema"]}.{src["tbl"]}', set()).add(lsn + (txn["sequencenumber"],))
+    return out
+
+
+def history_versions(db, qualified):
+    """The changes a history table holds, as record_versions has them; and how many rows."""
+    schema, table = split_table(qualified)
+    rows = db.query(f"SELECT _ces_commit_lsn, _ces_sequence FROM "
+                    f"{quote_ident(schema)}.{quote_ident(table)}")
+    return {tuple(int(p, 16) for p in lsn.split(":")) + (seq,) for lsn, seq in rows}, len(rows)
+
+
+def assert_history_complete(db, records, template="{schema}.{table}_history"):
+    """Every distinct change of records is in its table's history exactly once."""
+    for source, want in sorted(record_versions(records).items()):
+        schema, table = source.split(".")
+        got, count = history_versions(db, template.format(schema=schema, table=table).lower())
+        assert got == want, (source, len(got), len(want), sorted(want - got)[:3],
+                             sorted(got - want)[:3])
+        assert count == len(want), f"{source}: {count} history rows for {len(want)} changes"
+
+
+def test_history_beside_the_mirror(tmp_path, db, broker, ces2pg):
+    """Every change of the table appended with its operation, commit LSN, sequence, commit time,
+    the row after it (before it, for a delete) and when it was applied; the mirror as always."""
+    b = broker(partitions=1)
+    d = ces2pg(db, b, group=GROUP, extra_config=rules_config(
+        '{ match = "dbo.Orders"; history = "also"; }'))
+    n = 0x7100000
+    b.produce("ces", [order(1, txn=(n, 1, True)), order(2, txn=(n + 1, 1, True)),
+                      order(1, "UPD", customer="new", txn=(n + 2, 1, True)),
+                      order(2, "DEL", txn=(n + 3, 1, True)),
+                      order(7, table="Customers", txn=(n + 4, 1, True))], partition=0)
+    wait_applied(db, GROUP, {0: 5}, daemons=[d])
+    assert db.query("SELECT orderid, customer FROM dbo.orders") == [(1, "new")]
+    rows = db.query("SELECT _ces_operation, _ces_commit_lsn, _ces_sequence, "
+                    "_ces_commit_time::text, orderid, customer, _ces_applied_at IS NOT NULL "
+                    "FROM dbo.orders_history ORDER BY _ces_version")
+    lsn = [f"00000001:{k:08X}:0001" for k in range(n, n + 4)]
+    when = "2026-02-11 10:42:18.377+00"
+    assert rows == [("INS", lsn[0], 1, when, 1, "c1", True),
+                    ("INS", lsn[1], 1, when, 2, "c2", True),
+                    ("UPD", lsn[2], 1, when, 1, "new", True),
+                    ("DEL", lsn[3], 1, when, 2, "c2", True)], rows
+    assert db.scalar("SELECT to_regclass('dbo.customers_history')") is None
+    assert d.terminate() == 0
+
+
+def test_history_exactly_once_across_kill9_and_redelivery(tmp_path, db, broker, ces2pg):
+    """A generated stream, the daemon killed (kill -9) in the middle and started again, and a
+    batch of records sent a second time: each change is in its history once, and the mirror
+    equals the stream's end."""
+    b = broker(partitions=2)
+    expect = generate(tmp_path, seed=4545, events=3000, tables=3,
+                      extra_args=["--pk-changes"])
+    records = read_records(expect["_out"])
+    rules = rules_config('{ match = "*"; history = "also"; }')
+    # The stream, then records 1000-1199 once more at new offsets (a producer's retry), paced so
+    # that the mock broker's retention drops nothing unread.
+    sent = records + records[1000:1200]
+    producer = PacedProducer(b, db, GROUP, "ces", sent, [0] * len(sent)).start()
+    d = ces2pg(db, b, group=GROUP, batch_max_events=20, extra_config=rules)
+    wait_until(lambda: sum(read_offsets(db, GROUP).values()) > 600, 60,
+               message="part of the stream applied")
+    d.kill9()
+    d = ces2pg(db, b, group=GROUP, batch_max_events=20, extra_config=rules)
+    producer.finish(daemons=[d])
+    wait_applied(db, GROUP, {0: len(sent)}, daemons=[d], timeout=120)
+    assert_tables_match(db, expect)
+    assert_history_complete(db, records)
+    assert dead_letters(db) == []
+    assert d.terminate() == 0
+
+
+def test_history_only_follows_new_columns(tmp_path, db):
+    """history = "only": no mirror table, every change appended; a column that appears later is
+    added to the history table; through replay, applied twice, each change once."""
+    cols = ORDER_COLS + [("Note", "nvarchar(20)")]
+    n = 0x7200000
+    recs = [order(1, txn=(n, 1, True)), order(1, "UPD", customer="x", txn=(n + 1, 1, True)),
+            event_record("Orders", cols, {"OrderId": "1", "Customer": "y", "Note": "hi"},
+                         ["OrderId"], op="UPD", txn=(n + 2, 1, True)),
+            order(1, "DEL", customer="y", txn=(n + 3, 1, True))]
+    # A table without a primary key: no mirror could take it, a history can.
+    recs.append(event_record("Logs", [("Line", "nvarchar(50)")], {"Line": "started"}, [],
+                             txn=(n + 4, 1, True)))
+    path = tmp_path / "h.jsonl"
+    write_records(path, recs)
+    extra = rules_config('{ match = "dbo.orders"; history = "only"; '
+                         'history_table = "audit.{table}_changes"; },\n'
+                         '{ match = "dbo.logs"; history = "only"; '
+                         'history_table = "audit.{table}_changes"; }')
+    for _ in range(2):
+        rc, out, err = run_replay(db, [path], extra_config=extra)
+        assert rc == 0, err
+        assert parse_replay_summary(out)[2] == 0, out
+    assert db.scalar("SELECT to_regclass('dbo.orders')") is None, "no mirror"
+    assert db.query("SELECT _ces_operation, customer, note FROM audit.orders_changes "
+                    "ORDER BY _ces_version") == [("INS", "c1", None), ("UPD", "x", None),
+                                                 ("UPD", "y", "hi"), ("DEL", "y", None)]
+    assert db.query("SELECT _ces_operation, line FROM audit.logs_changes") == [("INS", "started")]
+    assert_history_complete(db, recs, template="audit.{table}_changes")

@@ -265,13 +265,15 @@ static void table_rules_match_in_order(void **state) {
     write_config(RULES_BASE "schema = { tables = (\n"
                             "  { match = \"dbo.Orders\"; target = \"sales.orders\"; },\n"
                             "  { match = \"audit.*\"; deletes = \"soft\"; },\n"
-                            "  { match = \"dbo.*\"; deletes = \"soft\"; deleted_column = \"gone\"; }\n"
+                            "  { match = \"dbo.*\"; deletes = \"soft\"; deleted_column = \"gone\";"
+                            " history = \"also\"; },\n"
+                            "  { match = \"log.*\"; history = \"only\"; history_table = \"h.{table}\"; }\n"
                             "); };\n");
     ces_config_t *c = NULL;
     char err[512];
     assert_int_equal(ces_config_load(path, CES_CONFIG_DAEMON, &c, err, sizeof(err)),
                      CES_CONFIG_OK);
-    assert_int_equal(c->schema_tables.count, 3);
+    assert_int_equal(c->schema_tables.count, 4);
     const ces_rule_t *r = ces_rules_match(&c->schema_tables, "DBO", "orders");
     assert_non_null(r); /* ASCII case does not matter, as in schema.include */
     assert_int_equal(r->line, 4);
@@ -286,6 +288,11 @@ static void table_rules_match_in_order(void **state) {
     r = ces_rules_match(&c->schema_tables, "dbo", "Customers");
     assert_non_null(r);
     assert_string_equal(r->deleted_column, "gone");
+    assert_int_equal(r->history, CES_RULE_HISTORY_ALSO);
+    assert_string_equal(r->history_table, "{schema}.{table}_history");
+    r = ces_rules_match(&c->schema_tables, "log", "events");
+    assert_int_equal(r->history, CES_RULE_HISTORY_ONLY);
+    assert_string_equal(r->history_table, "h.{table}");
     assert_null(ces_rules_match(&c->schema_tables, "sales", "Orders"));
 
     char *text = NULL;
@@ -295,6 +302,10 @@ static void table_rules_match_in_order(void **state) {
     fclose(mem);
     assert_non_null(strstr(text, "tables: table dbo.Orders (line 4): target sales.orders, "
                                  "deletes hard\n"));
+    assert_non_null(strstr(text, "deletes soft (a delete keeps the row and sets gone to the commit "
+                                 "time), every change also in {schema}.{table}_history\n"));
+    assert_non_null(strstr(text, "tables: pattern log.* (line 7): history only, in h.{table} "
+                                 "(append only, no mirror)\n"));
     assert_non_null(strstr(text, "tables: pattern audit.* (line 5): target {schema}.{table}, "
                                  "deletes soft (a delete keeps the row and sets _ces_deleted_at"));
     assert_non_null(strstr(text, "tables: any other table: target {schema}.{table}, deletes "
@@ -306,8 +317,22 @@ static void table_rules_match_in_order(void **state) {
 
 static void table_rule_mistakes_are_errors(void **state) {
     (void)state;
+    expect_error(RULES_BASE "schema = { tables = (\n { match = \"dbo.a\"; mask = \"x\"; }\n); };\n",
+                 CES_CONFIG_DAEMON, "4:", "unknown key 'mask' in a rule (a rule holds: match,");
     expect_error(RULES_BASE "schema = { tables = (\n { match = \"dbo.a\"; history = \"on\"; }\n); };\n",
-                 CES_CONFIG_DAEMON, "4:", "unknown key 'history' in a rule (a rule holds: match,");
+                 CES_CONFIG_DAEMON, "4:", "history must be \"off\", \"also\"");
+    expect_error(RULES_BASE "schema = { tables = (\n { match = \"dbo.a\"; history_table = \"h.a\"; "
+                            "}\n); };\n",
+                 CES_CONFIG_DAEMON, "4:", "history_table names the history table: it needs");
+    expect_error(RULES_BASE "schema = { tables = (\n { match = \"dbo.a\"; history = \"only\"; "
+                            "deletes = \"soft\"; }\n); };\n",
+                 CES_CONFIG_DAEMON, "4:", "with history = \"only\" there is no mirror table");
+    expect_error(RULES_BASE "schema = { tables = (\n { match = \"dbo.a\"; history = \"also\"; "
+                            "target = \"h.a\"; history_table = \"h.a\"; }\n); };\n",
+                 CES_CONFIG_DAEMON, "4:", "history_table must differ from target");
+    expect_error(RULES_BASE "schema = { tables = (\n { match = \"dbo.a\"; history = \"also\"; "
+                            "history_table = \"nodot\"; }\n); };\n",
+                 CES_CONFIG_DAEMON, "4:", "history_table must be SCHEMA.TABLE");
     expect_error(RULES_BASE "schema = { tables = (\n { target = \"a.b\"; }\n); };\n",
                  CES_CONFIG_DAEMON, "4:", "a rule needs match = ");
     expect_error(RULES_BASE "schema = { tables = (\n { match = \"dbo.a\"; deletes = \"later\"; }\n); };\n",

@@ -247,6 +247,35 @@ static void soft_deletes(void **state) {
     free_table(&f);
 }
 
+/* A history table: its own columns, then the image's; a redelivered change inserts nothing. */
+static void history(void **state) {
+    (void)state;
+    static const column_spec_t cols[] = {
+        {"_ces_version", "numeric", "pg_catalog.\"numeric\""},
+        {"_ces_operation", "text", "pg_catalog.text"},
+        {"_ces_commit_lsn", "text", "pg_catalog.text"},
+        {"_ces_sequence", "bigint", "pg_catalog.int8"},
+        {"_ces_commit_time", "timestamp with time zone", "pg_catalog.timestamptz"},
+        {"_ces_applied_at", "timestamp with time zone", "pg_catalog.timestamptz"},
+        {"id", "integer", "pg_catalog.int4"},
+        {"name", "character varying(50)", "pg_catalog.\"varchar\""},
+    };
+    static const size_t pk[] = {0};
+    static const long both[] = {6, 7}, key_only[] = {6};
+    table_fixture_t f;
+    make_table(&f, "Sales", "Orders_history", cols, 8, pk, 1, -1);
+    ces_strbuf_t out = {0};
+    ces_strbuf_add(&out, "-- a change with its row image\n");
+    ces_sqltext_history(&out, &f.desc, both, 2);
+    ces_strbuf_add(&out, "\n-- a delete that carried its key alone\n");
+    ces_sqltext_history(&out, &f.desc, key_only, 1);
+    ces_strbuf_add(&out, "\n");
+    assert_false(out.failed);
+    check_golden("history.sql", out.buf);
+    ces_strbuf_free(&out);
+    free_table(&f);
+}
+
 /* A two-column key listed in key order, which is not table order. */
 static void composite_key(void **state) {
     (void)state;
@@ -342,6 +371,7 @@ int main(void) {
         cmocka_unit_test(single_shapes),       cmocka_unit_test(upsert_partial_columns),
         cmocka_unit_test(composite_key),       cmocka_unit_test(hostile_identifiers),
         cmocka_unit_test(parameter_counts),    cmocka_unit_test(soft_deletes),
+        cmocka_unit_test(history),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
