@@ -90,7 +90,16 @@ static bool table_rule(void *opaque, const char *schema, const char *table,
                                                        ? r->deleted_column
                                                        : NULL,
                                  .history_table = r->history_table,
-                                 .history_only = r->history == CES_RULE_HISTORY_ONLY};
+                                 .history_only = r->history == CES_RULE_HISTORY_ONLY,
+                                 .columns = {.include = (const char *const *)r->include.items,
+                                             .ninclude = r->include.count,
+                                             .exclude = (const char *const *)r->exclude.items,
+                                             .nexclude = r->exclude.count,
+                                             .rename_from =
+                                                 (const char *const *)r->rename_from.items,
+                                             .rename_to = (const char *const *)r->rename_to.items,
+                                             .nrename = r->rename_from.count},
+                                 .line = r->line};
     return true;
 }
 

@@ -33,6 +33,8 @@ struct ces_catalog_table_s {
     const char *history_template; /* the rule's history table (the configuration's); NULL */
     bool history_only;            /* no mirror: the history table alone */
     bool is_history;              /* this is a history table (another table's history) */
+    ces_columns_rule_t columns;   /* the rule's choice of columns (the configuration's strings) */
+    int rule_line;
     struct ces_catalog_table_s *history; /* owned; made when first needed */
     /* The source's name as schema.target spells it ("dbo.Orders"), which the table's comment
      * carries when ces2pg made it; source_mark: what the comment says, NULL when no mark. */
@@ -409,6 +411,8 @@ static ces_catalog_table_t *table_new(ces_catalog_t *cat, const ces_session_t *s
     if (t == NULL)
         return NULL;
     t->deleted_column = rule.deleted_column;
+    t->columns = rule.columns;
+    t->rule_line = rule.line;
     t->history_template = rule.history_table;
     t->history_only = rule.history_table != NULL && rule.history_only;
     if (!t->history_only) /* its name is never used otherwise */
@@ -635,8 +639,30 @@ static int table_ready(ces_catalog_t *cat, ces_session_t *session, const char *v
                        ces_catalog_table_t *t, const ces_event_t *ev, uint64_t attempt,
                        ces_reject_t *reject, ces_pgerr_t *e);
 
+/* The rule's choice of ev's columns (columns.h). A rule that leaves a key column out refuses the
+ * table: every event of it is a dead letter, and the configuration is to blame (logged once).
+ * Returns 0, or -1 with *reject set. */
+static int choose_columns(ces_catalog_table_t *t, ces_event_t *ev, ces_reject_t *reject) {
+    const char *key;
+    if (t->refused.reason == NULL &&
+        ces_columns_apply(&t->columns, ev, !t->history_only, &key) == 0) {
+        ev->shaped = true;
+        return 0;
+    }
+    if (t->refused.reason == NULL) {
+        snprintf(t->refused_reason, sizeof(t->refused_reason),
+                 "the rule of line %d of schema.tables leaves out the key column '%.100s' "
+                 "(changes are applied by key: include it, or keep a history only)",
+                 t->rule_line, key);
+        t->refused = (ces_reject_t){CES_DL_SCHEMA, t->refused_reason};
+        ces_log_error("table %s.%s.%s: %s", ev->db, ev->schema, ev->table, t->refused_reason);
+    }
+    *reject = t->refused;
+    return -1;
+}
+
 ces_catalog_table_t *ces_catalog_ensure(ces_catalog_t *cat, ces_session_t *session,
-                                        const char *version_quoted, const ces_event_t *ev,
+                                        const char *version_quoted, ces_event_t *ev,
                                         uint64_t attempt, ces_reject_t *reject, ces_pgerr_t *e) {
     const char *parts[] = {ev->db, ev->schema, ev->table};
     ces_catalog_table_t *t = cat->last;
@@ -656,6 +682,8 @@ ces_catalog_table_t *ces_catalog_ensure(ces_catalog_t *cat, ces_session_t *sessi
         cat->last = t;
         cat->last_klen = klen;
     }
+    if (!ev->shaped && ces_columns_any(&t->columns) && choose_columns(t, ev, reject) != 0)
+        return NULL;
     if (!t->history_only && table_ready(cat, session, version_quoted, t, ev, attempt, reject, e) != 0)
         return NULL;
     if (t->history_template != NULL) {

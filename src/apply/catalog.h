@@ -24,9 +24,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "order/batch.h"
+#include "apply/columns.h"
 #include "format/event.h"
 #include "format/types.h"
+#include "order/batch.h"
 
 /* Declared in session.h and pgerr.h; not included, so that readers of a table description
  * (sqltext) do not see libpq. */
@@ -76,6 +77,8 @@ typedef struct {
     const char *deleted_column; /* soft deletes: the column a delete sets; NULL: hard deletes */
     const char *history_table;  /* every change also appended there (a template); NULL: none */
     bool history_only;          /* the history table alone: no mirror table */
+    ces_columns_rule_t columns; /* which columns go, under which names */
+    int line;                   /* of the rule in the configuration, for messages */
 } ces_catalog_rule_t;
 
 /* The columns a history table has before the source's, in this order: the change's version
@@ -124,9 +127,10 @@ void ces_catalog_forget(ces_catalog_t *catalog);
  * that lives until the next call). attempt numbers the batch attempt the event is prepared for
  * (increasing): a table that does not exist and cannot be created is looked for in pg_catalog once
  * per attempt, not once per event, so a table created meanwhile is found by the next attempt.
+ * The table's rule chooses ev's columns first (columns.h): ev is changed in place, once.
  */
 ces_catalog_table_t *ces_catalog_ensure(ces_catalog_t *catalog, ces_session_t *session,
-                                        const char *version_quoted, const ces_event_t *ev,
+                                        const char *version_quoted, ces_event_t *ev,
                                         uint64_t attempt, ces_reject_t *reject, ces_pgerr_t *e)
     __attribute__((warn_unused_result));
 

@@ -9,12 +9,25 @@
 #include <strings.h>
 
 /* The keys a rule may hold, for the message that refuses another. */
-#define RULE_KEYS "match, target, deletes, deleted_column, history, history_table"
+#define RULE_KEYS "match, target, deletes, deleted_column, history, history_table, columns"
+#define COLUMNS_KEYS "include, exclude, rename"
+
+static void names_free(ces_rule_names_t *names) {
+    for (size_t i = 0; i < names->count; i++)
+        free(names->items[i]);
+    free(names->items);
+    names->items = NULL;
+    names->count = 0;
+}
 
 void ces_rules_free(ces_rules_t *rules) {
     if (rules == NULL)
         return;
     for (size_t i = 0; i < rules->count; i++) {
+        names_free(&rules->items[i].include);
+        names_free(&rules->items[i].exclude);
+        names_free(&rules->items[i].rename_from);
+        names_free(&rules->items[i].rename_to);
         free(rules->items[i].match);
         free(rules->items[i].target);
         free(rules->items[i].deleted_column);
@@ -65,6 +78,124 @@ static int refuse(char *errstr, size_t errstr_size, const char *path, int line, 
                   const char *detail) {
     snprintf(errstr, errstr_size, "%s:%d: schema.tables: %s%s", path, line, what, detail);
     return -1;
+}
+
+/* A list of column names (s: an array of strings) into names. Returns 0, or -1 with errstr set. */
+static int read_names(ces_rule_names_t *names, config_setting_t *s, const char *path,
+                      char *errstr, size_t errstr_size) {
+    int line = config_setting_source_line(s);
+    if (config_setting_type(s) != CONFIG_TYPE_ARRAY && config_setting_type(s) != CONFIG_TYPE_LIST)
+        return refuse(errstr, errstr_size, path, line, "columns: ",
+                      "include and exclude are lists of source column names: [ \"A\", \"B\" ]");
+    size_t n = (size_t)config_setting_length(s);
+    if ((names->items = calloc(n + 1, sizeof(char *))) == NULL) {
+        snprintf(errstr, errstr_size, "%s: out of memory", path);
+        return -1;
+    }
+    for (size_t i = 0; i < n; i++) {
+        const char *v = config_setting_get_string_elem(s, (unsigned)i);
+        if (v == NULL || v[0] == '\0')
+            return refuse(errstr, errstr_size, path, line, "columns: ",
+                          "a column name must be a non-empty string");
+        if ((names->items[i] = strdup(v)) == NULL) {
+            snprintf(errstr, errstr_size, "%s: out of memory", path);
+            return -1;
+        }
+        names->count = i + 1;
+    }
+    return 0;
+}
+
+static bool names_have(const ces_rule_names_t *names, const char *name) {
+    for (size_t i = 0; i < names->count; i++) {
+        if (strcasecmp(names->items[i], name) == 0)
+            return true;
+    }
+    return false;
+}
+
+/* rename = ( ["Source", "target"], ... ) into r. Returns 0, or -1 with errstr set. */
+static int read_renames(ces_rule_t *r, config_setting_t *s, const char *path, char *errstr,
+                        size_t errstr_size) {
+    int line = config_setting_source_line(s);
+    const char *shape = "rename is a list of pairs: rename = ( [\"Source\", \"new_name\"] );";
+    if (config_setting_type(s) != CONFIG_TYPE_LIST)
+        return refuse(errstr, errstr_size, path, line, "columns: ", shape);
+    size_t n = (size_t)config_setting_length(s);
+    r->rename_from.items = calloc(n + 1, sizeof(char *));
+    r->rename_to.items = calloc(n + 1, sizeof(char *));
+    if (r->rename_from.items == NULL || r->rename_to.items == NULL) {
+        snprintf(errstr, errstr_size, "%s: out of memory", path);
+        return -1;
+    }
+    for (size_t i = 0; i < n; i++) {
+        config_setting_t *pair = config_setting_get_elem(s, (unsigned)i);
+        const char *from = config_setting_get_string_elem(pair, 0);
+        const char *to = config_setting_get_string_elem(pair, 1);
+        if (config_setting_length(pair) != 2 || from == NULL || to == NULL || from[0] == '\0' ||
+            to[0] == '\0')
+            return refuse(errstr, errstr_size, path, line, "columns: ", shape);
+        if (strlen(to) > 63)
+            return refuse(errstr, errstr_size, path, line, "columns: ",
+                          "a new column name must be at most 63 bytes");
+        if (names_have(&r->rename_from, from))
+            return refuse(errstr, errstr_size, path, line, "columns: ",
+                          "a column is renamed twice");
+        for (size_t j = 0; j < r->rename_to.count; j++) {
+            if (strcasecmp(r->rename_to.items[j], to) == 0)
+                return refuse(errstr, errstr_size, path, line, "columns: ",
+                              "two columns are renamed to one name");
+        }
+        r->rename_from.items[i] = strdup(from);
+        r->rename_to.items[i] = strdup(to);
+        r->rename_from.count = r->rename_to.count = i + 1;
+        if (r->rename_from.items[i] == NULL || r->rename_to.items[i] == NULL) {
+            snprintf(errstr, errstr_size, "%s: out of memory", path);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* columns = { include = [...]; exclude = [...]; rename = (...); } into r. Returns 0, or -1 with
+ * errstr set. */
+static int read_columns(ces_rule_t *r, config_setting_t *g, const char *path, char *errstr,
+                        size_t errstr_size) {
+    int line = config_setting_source_line(g);
+    if (config_setting_type(g) != CONFIG_TYPE_GROUP)
+        return refuse(errstr, errstr_size, path, line, "columns must be a group: ",
+                      "columns = { include = [ ... ]; rename = ( [\"A\", \"b\"] ); };");
+    for (int k = 0; k < config_setting_length(g); k++) {
+        config_setting_t *s = config_setting_get_elem(g, (unsigned)k);
+        const char *name = config_setting_name(s);
+        int rc;
+        if (strcmp(name, "include") == 0)
+            rc = read_names(&r->include, s, path, errstr, errstr_size);
+        else if (strcmp(name, "exclude") == 0)
+            rc = read_names(&r->exclude, s, path, errstr, errstr_size);
+        else if (strcmp(name, "rename") == 0)
+            rc = read_renames(r, s, path, errstr, errstr_size);
+        else {
+            snprintf(errstr, errstr_size,
+                     "%s:%d: schema.tables: unknown key '%s' in columns (columns hold: " COLUMNS_KEYS
+                     ")",
+                     path, config_setting_source_line(s), name);
+            rc = -1;
+        }
+        if (rc != 0)
+            return -1;
+    }
+    if (r->include.count > 0 && r->exclude.count > 0)
+        return refuse(errstr, errstr_size, path, line, "columns: ",
+                      "give include or exclude, not both");
+    for (size_t i = 0; i < r->rename_from.count; i++) {
+        const char *from = r->rename_from.items[i];
+        if ((r->include.count > 0 && !names_have(&r->include, from)) ||
+            names_have(&r->exclude, from))
+            return refuse(errstr, errstr_size, path, line, "columns: ",
+                          "a renamed column must be one that goes (in include, not in exclude)");
+    }
+    return 0;
 }
 
 /* The history keys of r (history: the value of `history`, NULL when absent). Returns 0, or -1 with
@@ -123,6 +254,11 @@ static int read_rule(ces_rule_t *r, config_setting_t *g, const char *path, char 
     for (int k = 0; k < config_setting_length(g); k++) {
         config_setting_t *s = config_setting_get_elem(g, (unsigned)k);
         const char *name = config_setting_name(s);
+        if (strcmp(name, "columns") == 0) {
+            if (read_columns(r, s, path, errstr, errstr_size) != 0)
+                goto done;
+            continue;
+        }
         char **field = strcmp(name, "match") == 0            ? &r->match
                        : strcmp(name, "target") == 0         ? &r->target
                        : strcmp(name, "deletes") == 0        ? &deletes
@@ -275,19 +411,36 @@ static void describe_deletes(FILE *out, ces_rule_deletes_t deletes, const char *
         fputs("deletes hard", out);
 }
 
+static void describe_names(FILE *out, const char *what, const ces_rule_names_t *names) {
+    if (names->count == 0)
+        return;
+    fprintf(out, ", %s ", what);
+    for (size_t i = 0; i < names->count; i++)
+        fprintf(out, "%s%s", i ? ", " : "", names->items[i]);
+}
+
+static void describe_columns(FILE *out, const ces_rule_t *r) {
+    describe_names(out, "only the columns", &r->include);
+    describe_names(out, "all columns but", &r->exclude);
+    for (size_t i = 0; i < r->rename_from.count; i++)
+        fprintf(out, "%s%s as %s", i ? ", " : ", renaming ", r->rename_from.items[i],
+                r->rename_to.items[i]);
+}
+
 void ces_rules_describe(FILE *out, const ces_rules_t *rules, const char *default_target) {
     for (size_t i = 0; i < rules->count; i++) {
         const ces_rule_t *r = &rules->items[i];
         fprintf(out, "tables: %s %s (line %d): ", r->pattern ? "pattern" : "table", r->match,
                 r->line);
         if (r->history == CES_RULE_HISTORY_ONLY) {
-            fprintf(out, "history only, in %s (append only, no mirror)\n", r->history_table);
-            continue;
+            fprintf(out, "history only, in %s (append only, no mirror)", r->history_table);
+        } else {
+            fprintf(out, "target %s, ", r->target ? r->target : default_target);
+            describe_deletes(out, r->deletes, r->deleted_column);
+            if (r->history == CES_RULE_HISTORY_ALSO)
+                fprintf(out, ", every change also in %s", r->history_table);
         }
-        fprintf(out, "target %s, ", r->target ? r->target : default_target);
-        describe_deletes(out, r->deletes, r->deleted_column);
-        if (r->history == CES_RULE_HISTORY_ALSO)
-            fprintf(out, ", every change also in %s", r->history_table);
+        describe_columns(out, r);
         fputc('\n', out);
     }
     fprintf(out, "tables: %s: target %s, ",

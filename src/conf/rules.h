@@ -4,13 +4,14 @@
  * schema.tables is a list of groups tried in order: the first whose `match` fits a source table's
  * "schema.table" (exactly, or as a glob with *, ? and [...]; ASCII letters in either case, as
  * schema.include matches) is that table's rule, and a table no rule matches gets the defaults
- * (schema.target, hard deletes). A rule says where the table goes (`target`, "SCHEMA.TABLE" with
+ * (schema.target, hard deletes, every column). A rule says where the table goes (`target`, "SCHEMA.TABLE" with
  * {db}, {schema} and {table}, like schema.target) and what a delete does (`deletes`: "hard"
  * removes the row; "soft" keeps it and sets `deleted_column` to the source commit time, which a
  * later insert or update of the key clears), and whether every change is also appended to a history
  * table (`history`: "off", "also" beside the mirror, "only" instead of it; `history_table`, a
- * template like target's, default "{schema}.{table}_history"). Every key a rule may hold is known
- * here: anything else is an error, never ignored. docs/semantics.md ("Per-table rules") states the guarantees.
+ * template like target's, default "{schema}.{table}_history"), and which columns go under which
+ * names (`columns = { include = [...]; exclude = [...]; rename = ( ["Source", "target"] ); }`).
+ * Every key a rule may hold is known here: anything else is an error, never ignored. docs/semantics.md ("Per-table rules") states the guarantees.
  */
 #ifndef CES_RULES_H
 #define CES_RULES_H
@@ -34,6 +35,12 @@ typedef enum {
     CES_RULE_HISTORY_ONLY,    /* the history table alone (append only), no mirror */
 } ces_rule_history_t;
 
+/* Source column names of a rule (`columns`), as configured. */
+typedef struct {
+    char **items; /* owned */
+    size_t count;
+} ces_rule_names_t;
+
 typedef struct {
     char *match;   /* "dbo.Orders", "sales.*" */
     bool pattern;  /* match holds glob characters */
@@ -42,6 +49,9 @@ typedef struct {
     char *deleted_column; /* the target column a soft delete sets; NULL with hard deletes */
     ces_rule_history_t history;
     char *history_table; /* "SCHEMA.TABLE" with placeholders; NULL when history is off */
+    /* columns: which source columns go (include, or all but exclude; ASCII case aside) and the
+     * new names of some (rename_from[i] becomes rename_to[i]). */
+    ces_rule_names_t include, exclude, rename_from, rename_to;
     int line;             /* of the rule in the configuration file */
 } ces_rule_t;
 

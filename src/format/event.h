@@ -77,6 +77,9 @@ typedef struct {
      * current and old. NULL elsewhere. */
     const char *shape;
     size_t shape_len;
+    /* A table rule's choice of columns was made on it (apply/columns.h): a retried batch must not
+     * make it twice. */
+    bool shaped;
 } ces_event_t;
 
 /* Parses "VLF:block:slot" (1-8, 1-8 and 1-4 hex digits). Returns 0, or -1 when malformed. */

@@ -39,6 +39,21 @@ Checks, all of which must hold after every run:
   daemon log holds a sanitizer report or "events may have been lost";
 - under soak, ces2pg's resident memory, sampled every 10 s, does not keep
   growing (see RssSampler.verdict).
+
+The rules profile runs ces2pg with one per-table rule for every table, soft
+deletes and a history table beside the mirror (RULES_CONFIG), and checks
+instead of the plain model comparison (check_rules):
+- the live rows (_ces_deleted_at NULL) equal the model, and every soft-deleted
+  row is a key the model does not have (so the version guard kept its
+  ordering for soft deletes too);
+- each table's history (dbo.<table>_history) holds every distinct change of
+  that table in the stream (commit LSN and sequence, from the records'
+  logicalid) exactly once, with the stream's operation and a version that is
+  its commit LSN and sequence; and every mirror row's version is the newest
+  change of its key in the history (older for none: a soft-deleted row may be
+  newer, marked by a key change);
+- the audit covers the history tables too (version _ces_version), so a history
+  row committed apart from the rest of its source transaction is torn.
 """
 
 import contextlib
@@ -62,7 +77,8 @@ from harness.mockbroker import watermarks
 from harness.progress import dead_letters, read_offsets_conn
 from harness.realkafka import DAEMON_PROPERTIES, eventhubs_kafka_lines
 from harness.reports import tail_text
-from harness.tables import assert_tables_match
+from harness.tables import (assert_tables_match, column_types, diff_rows,
+                            quote_ident, split_table)
 
 GROUP = "ces2pg-chaos"
 APP_NAME = "ces2pg-chaos"  # ces2pg's application_name, to find its session
@@ -109,7 +125,16 @@ TABLES = ("dbo.customers", "dbo.orders", "dbo.products", "dbo.accountsa",
 PROFILES = {
     "small": {"txn_size": "1-8", "batch_max_events": 500},
     "streamed": {"txn_size": "1-60", "batch_max_events": 40},
+    # The small profile, every table with soft deletes and a history (RULES_CONFIG).
+    "rules": {"txn_size": "1-8", "batch_max_events": 500, "rules": True},
 }
+# What --profile random chooses from: the profiles it had before rules came, so
+# that an existing seed still means the same run (the same profile and stream).
+RANDOM_PROFILES = ("small", "streamed")
+DELETED_COLUMN = "_ces_deleted_at"  # the rule's default deleted_column
+HISTORY_TEMPLATE = "{schema}.{table}_history"  # the rule's default history_table
+RULES_CONFIG = ('schema = { tables = ( { match = "*"; deletes = "soft"; '
+                'history = "also"; } ); };')
 
 
 def log(text):
@@ -182,7 +207,8 @@ def choose_profile(seed, name=None):
     """The profile called name; "random": one chosen by the seed."""
     name = name or DEFAULT_PROFILE
     if name == "random":
-        name = random.Random(f"ces2pg-chaos:{seed}:profile").choice(sorted(PROFILES))
+        name = random.Random(f"ces2pg-chaos:{seed}:profile").choice(
+            sorted(RANDOM_PROFILES))
     return name, PROFILES[name]
 
 
@@ -195,7 +221,7 @@ CREATE SCHEMA chaos;
 CREATE TABLE chaos.audit (xid bigint NOT NULL, rel text NOT NULL,
                           key text NOT NULL, version numeric NOT NULL);
 -- A row of a target table was inserted or updated: TG_ARGV holds its key's
--- column names.
+-- column names. A history table's version is _ces_version (also its key).
 CREATE FUNCTION chaos.audit_row() RETURNS trigger LANGUAGE plpgsql AS $$
 DECLARE
     r jsonb := to_jsonb(NEW);
@@ -206,7 +232,8 @@ BEGIN
         k := k || (r ->> TG_ARGV[i]);
     END LOOP;
     INSERT INTO chaos.audit VALUES (txid_current(),
-        TG_TABLE_SCHEMA || '.' || TG_TABLE_NAME, k::text, (r ->> '_ces_lsn')::numeric);
+        TG_TABLE_SCHEMA || '.' || TG_TABLE_NAME, k::text,
+        coalesce(r ->> '_ces_lsn', r ->> '_ces_version')::numeric);
     RETURN NULL;
 END $$;
 -- A tombstone was written or raised (a delete, or the old key of a key change).
@@ -303,7 +330,8 @@ def install_audit(db):
 
 
 def check_audit(db, tables=TABLES):
-    """(summary line, problems). tables: the target tables the stream has."""
+    """(summary line, problems). tables: the target tables the stream has
+    (history tables included)."""
     rows, xids, lsns, rels = db.query(AUDIT_SUMMARY)[0]
     triggers = db.scalar(AUDITED_TABLES)
     problems = []
@@ -325,6 +353,196 @@ def check_audit(db, tables=TABLES):
     summary = (f"audit: {rows} row writes of {lsns} source transactions in "
                f"{xids} PostgreSQL transactions, {rels} tables written; "
                f"{torn} torn, {twice} written twice")
+    return summary, problems
+
+
+# --------------------------------------------------------------------------
+# The rules profile: soft deletes and history tables
+# --------------------------------------------------------------------------
+
+
+def history_table(qualified):
+    """The history table of a target table (HISTORY_TEMPLATE, lower case as
+    ces2pg folds it)."""
+    schema, table = split_table(qualified)
+    return HISTORY_TEMPLATE.format(schema=schema, table=table).lower()
+
+
+def sql_name(qualified):
+    """schema.table quoted for SQL."""
+    return ".".join(quote_ident(part) for part in split_table(qualified))
+
+
+def change_text(change):
+    return "%08X:%08X:%04X seq %d" % change
+
+
+def stream_changes(path):
+    """{table (lower case): {(VLF, block, slot, sequence): operation}}: the
+    distinct changes of a replay file's JSON records. The change is read from
+    the logicalid (stream:LSN:sequence), which every CES generation has (legacy
+    events carry no transaction object); the table from the data, or, for a
+    segment holding a slice of it, from another segment of the same event."""
+    changes, tables, orphans = {}, {}, []
+    with open(path, "rb") as f:
+        for line in f:
+            env = json.loads(line)
+            lid = env["logicalid"]
+            _, lsn, seq = lid.rsplit(":", 2)
+            change = (int(lsn[0:8], 16), int(lsn[8:16], 16), int(lsn[16:20], 16),
+                      int(seq))
+            if lid not in tables:
+                try:
+                    src = json.loads(env["data"])["eventsource"]
+                except ValueError:
+                    orphans.append((lid, change, env["operation"]))
+                    continue
+                tables[lid] = f'{src["schema"]}.{src["tbl"]}'.lower()
+            changes.setdefault(tables[lid], {})[change] = env["operation"]
+    for lid, change, op in orphans:
+        assert lid in tables, f"no segment of event {lid} names its table"
+        changes.setdefault(tables[lid], {})[change] = op
+    return changes
+
+
+def fetch_rows(db, qualified, columns, where):
+    """Rows of a table as tuples of text values (as harness.tables.fetch_table
+    reads them, so that they compare with the model's texts)."""
+    schema, table = split_table(qualified)
+    select_list = ", ".join(f"t.{quote_ident(c)}::text" for c in columns)
+    with contextlib.closing(db.connect()) as conn, conn.cursor() as cur:
+        cur.execute("SET TimeZone = 'UTC'; SET DateStyle = 'ISO'; "
+                    "SET extra_float_digits = 1")
+        cur.execute(f"SELECT {select_list} FROM {quote_ident(schema)}."
+                    f"{quote_ident(table)} AS t {where}")
+        return cur.fetchall()
+
+
+def check_live_rows(db, expect, deleted_column=DELETED_COLUMN):
+    """Soft deletes: the live rows (deleted column NULL) of every table equal
+    the model (what hard deletes leave), and every soft-deleted row is a key
+    the model has not. Returns (live rows, soft-deleted rows, problems)."""
+    problems, live_total, deleted_total = [], 0, 0
+    marked = quote_ident(deleted_column)
+    for qualified, spec in sorted(expect["tables"].items()):
+        columns, key = list(spec["columns"]), list(spec["key"])
+        model = {tuple(r.get(c) for c in key): {c: r.get(c) for c in columns}
+                 for r in spec["rows"]}
+        if not db.table_exists(qualified):
+            if model:
+                problems.append(f"{qualified}: table does not exist ({len(model)} rows "
+                                "expected)")
+            continue
+        types = column_types(db, qualified)
+        wrong = [f"{c}: expected {t}, found {types.get(c, 'no column')}"
+                 for c, t in spec["columns"].items() if types.get(c) != t]
+        if types.get(deleted_column) != "timestamp with time zone":
+            wrong.append(f"{deleted_column}: expected timestamp with time zone, found "
+                         f"{types.get(deleted_column, 'no column')} (soft deletes not in "
+                         "effect?)")
+        if wrong:
+            problems.append(f"{qualified}: column types differ: " + "; ".join(wrong))
+            continue
+        live = {tuple(r[columns.index(c)] for c in key): dict(zip(columns, r))
+                for r in fetch_rows(db, qualified, columns, f"WHERE t.{marked} IS NULL")}
+        if live != model:
+            problems.append(f"{qualified}: {len(live)} live rows, {len(model)} expected\n"
+                            + diff_rows(list(model.values()), list(live.values()),
+                                        columns, key))
+        deleted = fetch_rows(db, qualified, key, f"WHERE t.{marked} IS NOT NULL")
+        kept = [k for k in deleted if tuple(k) in model]
+        if kept:
+            problems.append(f"{qualified}: {len(kept)} soft-deleted row(s) of keys the "
+                            f"model has, e.g. {kept[:5]}")
+        live_total += len(live)
+        deleted_total += len(deleted)
+    if deleted_total == 0:
+        problems.append("no row is soft-deleted: the stream ends with keys deleted, whose "
+                        "rows a soft delete keeps")
+    return live_total, deleted_total, problems
+
+
+# A mirror row's version against its key's changes in the history: a live row
+# holds the newest of them; a soft-deleted row at least the newest (a key
+# change marks the old key with a version that the history files under the
+# new key).
+MIRROR_VS_HISTORY = """
+SELECT count(*), (array_agg(format('key (%s): version %s, deleted %s, newest in the history %s',
+                                   {keytext}, t.{version}, t.{marked}, m.newest)))[1:3]
+FROM {mirror} AS t LEFT JOIN (SELECT {keys}, max(_ces_version) AS newest
+                              FROM {history} GROUP BY {keys}) AS m USING ({keys})
+WHERE NOT coalesce(CASE WHEN t.{marked} IS NULL THEN t.{version} = m.newest
+                        ELSE t.{version} >= m.newest END, false)
+"""
+
+
+def check_history(db, expect, changes, deleted_column=DELETED_COLUMN,
+                  version_column="_ces_lsn"):
+    """History tables: each table's history holds every distinct change of
+    the stream's (changes: stream_changes) exactly once, with its operation
+    and a version made of its commit LSN and sequence; and every mirror row's
+    version is its key's newest change there. Returns (history rows,
+    problems)."""
+    problems, total = [], 0
+    for table, want in sorted(changes.items()):
+        hist = history_table(table)
+        if not db.table_exists(hist):
+            problems.append(f"{hist}: no history table ({len(want)} changes of {table})")
+            continue
+        got, twice, bad_version = {}, [], []
+        for version, op, lsn, seq in db.query(
+                "SELECT _ces_version, _ces_operation, _ces_commit_lsn, _ces_sequence "
+                f"FROM {sql_name(hist)}"):
+            parts = tuple(int(x, 16) for x in lsn.split(":"))
+            change = parts + (seq,)
+            if change in got:
+                twice.append(change)
+            got[change] = op
+            if version != ((parts[0] << 48) | (parts[1] << 16) | parts[2]) * 10**20 + seq:
+                bad_version.append(f"{change_text(change)}: version {version}")
+            total += 1
+        missing = sorted(want.keys() - got.keys())
+        extra = sorted(got.keys() - want.keys())
+        wrong_op = sorted(f"{change_text(c)}: {got[c]}, {want[c]} in the stream"
+                          for c in want.keys() & got.keys() if got[c] != want[c])
+        for what, items in (("change(s) of the stream missing", missing),
+                            ("change(s) the stream does not have", extra),
+                            ("change(s) recorded more than once", twice)):
+            if items:
+                problems.append(f"{hist}: {len(items)} {what}, e.g. "
+                                + ", ".join(change_text(c) for c in items[:5]))
+        for what, items in (("with another operation than the stream's", wrong_op),
+                            ("whose version is not its commit LSN and sequence",
+                             bad_version)):
+            if items:
+                problems.append(f"{hist}: {len(items)} change(s) {what}, e.g. {items[:5]}")
+    for qualified, spec in sorted(expect["tables"].items()):
+        hist = history_table(qualified)
+        if not (db.table_exists(qualified) and db.table_exists(hist)):
+            continue
+        keys = ", ".join(quote_ident(c) for c in spec["key"])
+        count, examples = db.query(MIRROR_VS_HISTORY.format(
+            keytext=", ".join(f"t.{quote_ident(c)}" for c in spec["key"]),
+            keys=keys, version=quote_ident(version_column),
+            marked=quote_ident(deleted_column),
+            mirror=sql_name(qualified), history=sql_name(hist)))[0]
+        if count:
+            problems.append(f"{qualified}: {count} row(s) whose version is not the newest "
+                            f"change of their key in {hist}: {examples}")
+    return total, problems
+
+
+def check_rules(db, expect, stream_path):
+    """The rules profile's model checks (check_live_rows, check_history).
+    Returns (summary line, problems)."""
+    live, deleted, problems = check_live_rows(db, expect)
+    changes = stream_changes(stream_path)
+    history_rows, history_problems = check_history(db, expect, changes)
+    problems += history_problems
+    distinct = sum(len(c) for c in changes.values())
+    summary = (f"rules: {live} live rows (the model), {deleted} soft-deleted (keys the model "
+               f"has not); histories: {history_rows} rows for {distinct} distinct changes "
+               f"of {len(changes)} tables in the stream")
     return summary, problems
 
 
@@ -351,11 +569,18 @@ def _connect(db, application_name):
 PG_GONE = (psycopg2.OperationalError, psycopg2.InterfaceError)
 
 BANK_QUERY = """
-SELECT (SELECT count(*) FROM dbo.accountsa), (SELECT count(*) FROM dbo.accountsb),
-       (SELECT coalesce(sum(balance), 0) FROM dbo.accountsa)
-       + (SELECT coalesce(sum(balance), 0) FROM dbo.accountsb),
-       (SELECT coalesce(sum(transfers), 0) FROM dbo.accountsa),
-       (SELECT coalesce(sum(transfers), 0) FROM dbo.accountsb)
+SELECT (SELECT count(*) FROM dbo.accountsa {a}), (SELECT count(*) FROM dbo.accountsb {b}),
+       (SELECT coalesce(sum(balance), 0) FROM dbo.accountsa {a})
+       + (SELECT coalesce(sum(balance), 0) FROM dbo.accountsb {b}),
+       (SELECT coalesce(sum(transfers), 0) FROM dbo.accountsa {a}),
+       (SELECT coalesce(sum(transfers), 0) FROM dbo.accountsb {b})
+"""
+# Which bank tables have the soft-delete column yet (ces2pg adds it when it
+# first loads the table, in a transaction of its own).
+BANK_DELETED_COLUMNS = """
+SELECT attrelid = to_regclass('dbo.accountsa') FROM pg_attribute
+WHERE attrelid IN (to_regclass('dbo.accountsa'), to_regclass('dbo.accountsb'))
+  AND attname = %s AND NOT attisdropped
 """
 
 
@@ -364,11 +589,18 @@ class BankReader(Background):
     snapshot holding whole source transactions only has as many accounts and
     as many transfers counted in AccountsA as in AccountsB, and once every
     account is open the constant total. Reconnects while PostgreSQL is
-    down."""
+    down.
 
-    def __init__(self, db, accounts, total):
+    With deleted_column (soft deletes), the bank is the live rows: those whose
+    deleted column is NULL, as for any reader of soft-deleted tables. The bank
+    has no deletes, so this changes nothing as long as ces2pg marks no row by
+    mistake; a marked account would then count as closed. Before ces2pg added
+    the column to a table none of its rows can be marked."""
+
+    def __init__(self, db, accounts, total, deleted_column=None):
         super().__init__("bank-reader")
         self.db, self.accounts, self.total = db, accounts, total
+        self.deleted_column = deleted_column
         self.reads = 0
         self.full_reads = 0  # with every account open (the total checked)
         self.bad = 0
@@ -405,12 +637,17 @@ class BankReader(Background):
             cur.execute("SELECT to_regclass('dbo.accountsa') IS NOT NULL, "
                         "to_regclass('dbo.accountsb') IS NOT NULL")
             has_a, has_b = cur.fetchone()
+            live = {True: "", False: ""}  # (is AccountsA): the live rows' filter
+            if self.deleted_column is not None and (has_a or has_b):
+                cur.execute(BANK_DELETED_COLUMNS, (self.deleted_column,))
+                for (is_a,) in cur.fetchall():
+                    live[is_a] = "WHERE " + quote_ident(self.deleted_column) + " IS NULL"
             if has_a and has_b:
-                cur.execute(BANK_QUERY)
+                cur.execute(BANK_QUERY.format(a=live[True], b=live[False]))
                 na, nb, total, ta, tb = cur.fetchone()
             elif has_a or has_b:
                 cur.execute("SELECT count(*) FROM dbo.accounts"
-                            + ("a" if has_a else "b"))
+                            + ("a " if has_a else "b ") + live[has_a])
                 na = nb = cur.fetchone()[0]
                 if has_a:
                     nb = 0
@@ -812,6 +1049,7 @@ class Chaos:
         self.seed, self.fault_count, self.soak = seed, faults, soak_minutes
         self.topic = target.topic
         self.profile_name, self.profile = choose_profile(seed, profile)
+        self.rules = self.profile.get("rules", False)
         self.kinds = tuple(k for k in target.kinds
                            if not (soak_minutes and k in RESTARTS))
         self.daemon = None
@@ -906,7 +1144,8 @@ class Chaos:
             apply_extra=['ordering = "transaction";',
                          f"reorder_window_ms = {WINDOW_MS};",
                          f"reorder_window_max_ms = {WINDOW_MAX_MS};"],
-            extra_config='log = { level = "info"; progress_interval = 5; };',
+            extra_config='log = { level = "info"; progress_interval = 5; };'
+            + ("\n" + RULES_CONFIG if self.rules else ""),
             **kw)
         self.daemon.number = self.instances
         self.daemons.append(self.daemon)
@@ -976,7 +1215,8 @@ class Chaos:
             self.records, self.rate, db=self.db, group=GROUP,
             max_backlog=self.target.max_backlog)
         watcher = OffsetWatcher(self.db, GROUP, self.topic)
-        reader = BankReader(self.db, ACCOUNTS, self.bank_total)
+        reader = BankReader(self.db, ACCOUNTS, self.bank_total,
+                            deleted_column=DELETED_COLUMN if self.rules else None)
         sampler = RssSampler(self.current)
         self.faults_end = None
         self.threads = [producer, watcher, reader, sampler]
@@ -1167,8 +1407,17 @@ class Chaos:
                 if not cur.fetchone()[0]:
                     fault.notes.append(f"{table} does not exist yet: nothing locked")
                     return
+                locked = [table]
+                if self.rules:
+                    # The table's history too: written in the same transactions.
+                    cur.execute("SELECT to_regclass(%s) IS NOT NULL",
+                                (history_table(table),))
+                    if cur.fetchone()[0]:
+                        locked.append(history_table(table))
                 cur.execute("SET lock_timeout = '20s'")
-                cur.execute(f"LOCK TABLE {table} IN {mode} MODE")
+                cur.execute(f"LOCK TABLE {', '.join(locked)} IN {mode} MODE")
+                if len(locked) > 1:
+                    fault.notes.append(f"{locked[1]} locked too")
             blocked = False
             with contextlib.closing(_connect(self.db, "chaos-faults")) as watch, \
                     watch.cursor() as wc:
@@ -1247,10 +1496,16 @@ class Chaos:
     def report(self):
         """Checks everything; returns the report or fails with it."""
         problems = []
-        try:
-            assert_tables_match(self.db, self.expect)
-        except AssertionError as e:
-            problems.append(f"rows differ from the model: {e}")
+        rules_summary = None
+        if self.rules:
+            rules_summary, rules_problems = check_rules(self.db, self.expect,
+                                                        self.expect["_out"])
+            problems += [f"rules: {p}" for p in rules_problems]
+        else:
+            try:
+                assert_tables_match(self.db, self.expect)
+            except AssertionError as e:
+                problems.append(f"rows differ from the model: {e}")
         letters = dead_letters(self.db)
         if letters:
             problems.append(f"{len(letters)} dead letter(s): "
@@ -1261,7 +1516,9 @@ class Chaos:
             problems.append(f"a reader saw a source transaction in part: {reader.summary()}")
         if reader.full_reads < 10 or len(reader.states) < 3:
             problems.append(f"the reader hardly saw the bank: {reader.summary()}")
-        audit_summary, audit_problems = check_audit(self.db)
+        audit_summary, audit_problems = check_audit(
+            self.db, TABLES + tuple(history_table(t) for t in TABLES) if self.rules
+            else TABLES)
         problems += audit_problems
         if self.watcher.polls < 100:
             problems.append(f"ces2pg.offsets polled only {self.watcher.polls} times")
@@ -1285,7 +1542,8 @@ class Chaos:
             by_kind[f.kind] = by_kind.get(f.kind, 0) + 1
         lines = [
             f"chaos on the {self.target.name} broker, {self.replay_hint()}",
-            f"profile {self.profile_name}: {self.profile}; window {WINDOW_MS} ms",
+            f"profile {self.profile_name}: {self.profile}; window {WINDOW_MS} ms"
+            + (f"; {RULES_CONFIG}" if self.rules else ""),
             f"faults survived: {len(self.done)} ("
             + ", ".join(f"{k} {by_kind[k]}" for k in self.kinds if k in by_kind) + ")",
             *self.fault_lines(),
@@ -1296,6 +1554,7 @@ class Chaos:
             f"{dict(sorted(self.final_offsets.items()))}",
             reader.summary(),
             audit_summary,
+            *([rules_summary] if rules_summary else []),
             f"ces2pg logs: {torn_logged} torn-transaction warnings (resent older "
             f"events count as late), {len(window_grew)} window growths",
             "RSS samples:", self.sampler.table() or "  (none)",

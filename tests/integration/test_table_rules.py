@@ -5,6 +5,7 @@ changes are kept in a history table; tables no rule matches get the defaults.
 rule it cannot follow is a configuration error (exit 78)."""
 
 import json
+import re
 
 import pytest
 
@@ -303,3 +304,81 @@ def test_history_only_follows_new_columns(tmp_path, db):
                                                  ("UPD", "y", "hi"), ("DEL", "y", None)]
     assert db.query("SELECT _ces_operation, line FROM audit.logs_changes") == [("INS", "started")]
     assert_history_complete(db, recs, template="audit.{table}_changes")
+
+
+# --------------------------------------------------------------------------
+# columns
+# --------------------------------------------------------------------------
+
+WIDE_COLS = [("OrderId", "int"), ("Customer", "nvarchar(50)"), ("Secret", "nvarchar(50)"),
+             ("Note", "nvarchar(50)")]
+
+
+def wide(i, txn, extra=None, op="INS"):
+    cols = WIDE_COLS + ([extra[0]] if extra else [])
+    values = {"OrderId": str(i), "Customer": f"c{i}", "Secret": f"s{i}", "Note": f"n{i}"}
+    if extra:
+        values[extra[0][0]] = extra[1]
+    if op == "DEL":
+        return event_record("Orders", cols, {}, ["OrderId"], op="DEL", old=values, txn=txn)
+    return event_record("Orders", cols, values, ["OrderId"], op=op, txn=txn)
+
+
+def columns_of(db, qualified):
+    schema, table = qualified.split(".")
+    return [r[0] for r in db.query(
+        "SELECT attname FROM pg_attribute WHERE attrelid = to_regclass(%s) AND attnum > 0 "
+        "AND NOT attisdropped ORDER BY attnum", (f"{schema}.{table}",))]
+
+
+def test_include_list_keeps_only_its_columns_as_new_ones_come(tmp_path, db):
+    n = 0x7300000
+    recs = [wide(1, (n, 1, True)), wide(2, (n + 1, 1, True), extra=(("Extra", "int"), "5"))]
+    path = tmp_path / "i.jsonl"
+    write_records(path, recs)
+    rc, out, err = run_replay(db, [path], extra_config=rules_config(
+        '{ match = "dbo.orders"; history = "also"; '
+        'columns = { include = ["orderid", "Customer"]; }; }'))
+    assert rc == 0, err
+    assert parse_replay_summary(out)[2] == 0, out
+    assert columns_of(db, "dbo.orders") == ["orderid", "customer", "_ces_lsn"]
+    assert db.query("SELECT orderid, customer FROM dbo.orders ORDER BY 1") == \
+        [(1, "c1"), (2, "c2")]
+    # The history follows the same choice.
+    assert columns_of(db, "dbo.orders_history")[6:] == ["orderid", "customer"]
+
+
+def test_exclude_and_rename_and_a_new_column(tmp_path, db, broker, ces2pg):
+    """Through the daemon: excluded columns never reach PostgreSQL, renamed ones land under
+    their new names (deletes and updates too), and a column that appears later is added."""
+    b = broker(partitions=1)
+    d = ces2pg(db, b, group=GROUP, extra_config=rules_config(
+        '{ match = "dbo.Orders"; columns = { exclude = ["secret"]; '
+        'rename = ( ["Customer", "client"], ["Note", "remark"] ); }; }'))
+    n = 0x7400000
+    b.produce("ces", [wide(1, (n, 1, True)), wide(2, (n + 1, 1, True)),
+                      wide(2, (n + 2, 1, True), op="DEL"),
+                      wide(3, (n + 3, 1, True), extra=(("Extra", "int"), "7"))], partition=0)
+    wait_applied(db, GROUP, {0: 4}, daemons=[d])
+    assert columns_of(db, "dbo.orders") == ["orderid", "client", "remark", "_ces_lsn", "extra"]
+    assert db.query("SELECT orderid, client, remark, extra FROM dbo.orders ORDER BY 1") == \
+        [(1, "c1", "n1", None), (3, "c3", "n3", 7)]
+    assert "s1" not in d.log() and dead_letters(db) == []
+    assert d.terminate() == 0
+
+
+def test_a_rule_that_leaves_out_the_key_is_refused(tmp_path, db):
+    n = 0x7500000
+    path = tmp_path / "k.jsonl"
+    write_records(path, [wide(1, (n, 1, True)), wide(2, (n + 1, 1, True))])
+    rc, out, err = run_replay(db, [path], extra_config=rules_config(
+        '{ match = "dbo.orders"; columns = { exclude = ["OrderID"]; }; }'))
+    assert rc == 0, err
+    assert parse_replay_summary(out)[2] == 2, out
+    reason = re.compile(r"the rule of line \d+ of schema.tables leaves out the key column "
+                        r"'OrderId' \(changes are applied by key: include it, or keep a history "
+                        r"only\)$")
+    reasons = [r["reason"] for r in dead_letters(db)]
+    assert len(reasons) == 2 and all(reason.match(r) for r in reasons), reasons
+    assert err.count("leaves out the key column") == 1, "logged once per table"
+    assert db.scalar("SELECT to_regclass('dbo.orders')") is None

@@ -267,7 +267,8 @@ static void table_rules_match_in_order(void **state) {
                             "  { match = \"audit.*\"; deletes = \"soft\"; },\n"
                             "  { match = \"dbo.*\"; deletes = \"soft\"; deleted_column = \"gone\";"
                             " history = \"also\"; },\n"
-                            "  { match = \"log.*\"; history = \"only\"; history_table = \"h.{table}\"; }\n"
+                            "  { match = \"log.*\"; history = \"only\"; history_table = \"h.{table}\";"
+                            " columns = { include = [\"Id\", \"Msg\"]; rename = ( [\"Msg\", \"text\"] ); }; }\n"
                             "); };\n");
     ces_config_t *c = NULL;
     char err[512];
@@ -293,6 +294,8 @@ static void table_rules_match_in_order(void **state) {
     r = ces_rules_match(&c->schema_tables, "log", "events");
     assert_int_equal(r->history, CES_RULE_HISTORY_ONLY);
     assert_string_equal(r->history_table, "h.{table}");
+    assert_int_equal(r->include.count, 2);
+    assert_string_equal(r->rename_to.items[0], "text");
     assert_null(ces_rules_match(&c->schema_tables, "sales", "Orders"));
 
     char *text = NULL;
@@ -305,7 +308,8 @@ static void table_rules_match_in_order(void **state) {
     assert_non_null(strstr(text, "deletes soft (a delete keeps the row and sets gone to the commit "
                                  "time), every change also in {schema}.{table}_history\n"));
     assert_non_null(strstr(text, "tables: pattern log.* (line 7): history only, in h.{table} "
-                                 "(append only, no mirror)\n"));
+                                 "(append only, no mirror), only the columns Id, Msg, renaming "
+                                 "Msg as text\n"));
     assert_non_null(strstr(text, "tables: pattern audit.* (line 5): target {schema}.{table}, "
                                  "deletes soft (a delete keeps the row and sets _ces_deleted_at"));
     assert_non_null(strstr(text, "tables: any other table: target {schema}.{table}, deletes "
@@ -360,6 +364,24 @@ static void table_rule_mistakes_are_errors(void **state) {
                             "schema = { tables = (\n { match = \"dbo.a\"; deletes = \"soft\"; "
                             "deleted_column = \"v\"; }\n); };\n",
                  CES_CONFIG_DAEMON, "5:", "deleted_column may not be the version column");
+    expect_error(RULES_BASE "schema = { tables = (\n { match = \"dbo.a\"; columns = { mask = [\"C\"]; "
+                            "}; }\n); };\n",
+                 CES_CONFIG_DAEMON, "4:", "unknown key 'mask' in columns (columns hold: include, exclude, rename)");
+    expect_error(RULES_BASE "schema = { tables = (\n { match = \"dbo.a\"; columns = { include = "
+                            "[\"A\"]; exclude = [\"B\"]; }; }\n); };\n",
+                 CES_CONFIG_DAEMON, "4:", "give include or exclude, not both");
+    expect_error(RULES_BASE "schema = { tables = (\n { match = \"dbo.a\"; columns = { rename = "
+                            "( [\"A\"] ); }; }\n); };\n",
+                 CES_CONFIG_DAEMON, "4:", "rename is a list of pairs");
+    expect_error(RULES_BASE "schema = { tables = (\n { match = \"dbo.a\"; columns = { exclude = "
+                            "[\"A\"]; rename = ( [\"a\", \"b\"] ); }; }\n); };\n",
+                 CES_CONFIG_DAEMON, "4:", "a renamed column must be one that goes");
+    expect_error(RULES_BASE "schema = { tables = (\n { match = \"dbo.a\"; columns = { rename = "
+                            "( [\"A\", \"x\"], [\"B\", \"X\"] ); }; }\n); };\n",
+                 CES_CONFIG_DAEMON, "4:", "two columns are renamed to one name");
+    expect_error(RULES_BASE "schema = { tables = (\n { match = \"dbo.a\"; columns = { include = "
+                            "[\"\"]; }; }\n); };\n",
+                 CES_CONFIG_DAEMON, "4:", "a column name must be a non-empty string");
     /* A narrower rule first is what "the first match wins" asks for. */
     write_config(RULES_BASE "schema = { tables = (\n { match = \"dbo.ord*\"; },\n"
                             " { match = \"dbo.*\"; }\n); };\n");
