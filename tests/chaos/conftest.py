@@ -15,7 +15,10 @@ Options:
     --faults N        faults per run (default: 30 on the mock, 10 on Kafka)
     --seed S          the seed of the faults, their parameters and the stream
                       (default: a random one, printed)
-    --profile P       small, streamed or random (the default; see chaos.PROFILES)
+    --profile P       small, streamed, rules or random (the default: small or
+                      streamed; see chaos.PROFILES). test_chaos_rules_mock_broker
+                      runs the rules profile beside the main run unless --profile
+                      names one
     --soak MINUTES    stream for that long instead, faults coming all along,
                       and fail if ces2pg's resident memory keeps growing
 """
@@ -42,8 +45,10 @@ def pytest_addoption(parser):
     group.addoption("--profile", default=None,
                     choices=sorted(PROFILES) + ["random"],
                     help="shape of the source transactions: small, streamed "
-                         "(some larger than a batch) or random (chosen by "
-                         "the seed: the default)")
+                         "(some larger than a batch), rules (small, ces2pg "
+                         "with soft deletes and history tables) or random "
+                         "(small or streamed, chosen by the seed: the "
+                         "default)")
     group.addoption("--soak", type=float, default=0.0, metavar="MINUTES",
                     help="stream for MINUTES with faults all along and check "
                          "that ces2pg's memory does not keep growing")

@@ -34,6 +34,7 @@ from harness.daemon import make_config, parse_replay_summary, run_replay, write_
 from harness.events import generate, read_records, stream_partitions
 from harness.mockbroker import PacedProducer
 from harness.progress import dead_letters, read_offsets, wait_applied
+from harness.rules import assert_history_complete, forget_soft_deleted
 from harness.tables import assert_tables_match
 
 NAMESPACE, HUB = "shopns", "ces"
@@ -336,3 +337,18 @@ def test_capture_beside_the_daemon_rebuilds_with_the_live_topic(tmp_path, db, br
     assert_tables_match(db, expect)
     assert db.query("SELECT count(*) FROM ces2pg.offsets WHERE topic LIKE 'capture:%'") == [(0,)]
     assert daemon.terminate() == 0
+
+
+def test_capture_replay_follows_table_rules(tmp_path, db):
+    """The per-table rules hold for a rebuild from Capture files as for the daemon: soft deletes
+    leave the live rows the stream's end has, and every change is in its history once."""
+    expect, root, _, _ = build_capture(tmp_path, seed=4848, events=800)
+    rules = 'schema = { tables = ( { match = "*"; deletes = "soft"; history = "also"; } ); };\n'
+    for _ in range(2):  # the second rebuild adds nothing: every change is there already
+        rc, out, err = run_replay(db, [root], options=("--capture",), timeout=300,
+                                  extra_config=rules)
+        assert rc == 0, f"exit {rc}\n{out}\n{err}"
+        assert parse_replay_summary(out)[2] == 0, out
+    assert_history_complete(db, read_records(expect["_out"]))
+    forget_soft_deleted(db, expect)
+    assert_tables_match(db, expect)

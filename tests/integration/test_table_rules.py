@@ -15,7 +15,8 @@ from harness.daemon import (EX_CONFIG, make_config, parse_replay_summary, run_ce
 from harness.events import disorder, event_record, generate, read_records, write_records
 from harness.mockbroker import PacedProducer
 from harness.progress import dead_letters, read_offsets, wait_applied
-from harness.tables import assert_tables_match, quote_ident, split_table
+from harness.rules import assert_history_complete, forget_soft_deleted
+from harness.tables import assert_tables_match
 
 GROUP = "ces2pg-rules"
 
@@ -79,18 +80,6 @@ def test_a_rule_names_the_target_table(tmp_path, db, broker, ces2pg):
 # --------------------------------------------------------------------------
 
 SOFT_ALL = rules_config('{ match = "*"; deletes = "soft"; }')
-
-
-def forget_soft_deleted(db, expect, column="_ces_deleted_at"):
-    """Removes the rows a soft delete kept; returns how many there were."""
-    removed = 0
-    for qualified in expect["tables"]:
-        if db.table_exists(qualified):
-            schema, table = split_table(qualified)
-            removed += db.scalar(
-                f"WITH d AS (DELETE FROM {quote_ident(schema)}.{quote_ident(table)} "
-                f"WHERE {quote_ident(column)} IS NOT NULL RETURNING 1) SELECT count(*) FROM d")
-    return removed
 
 
 @pytest.mark.parametrize("how", ["in_order", "reversed", "shuffled", "resent"])
@@ -194,35 +183,6 @@ def test_a_source_column_named_like_the_deleted_column_is_refused(tmp_path, db):
 # --------------------------------------------------------------------------
 # history
 # --------------------------------------------------------------------------
-
-def record_versions(records):
-    """{source table: {(VLF, block, slot, sequence)}}: the distinct changes of records."""
-    out = {}
-    for r in records:
-        data = json.loads(json.loads(r)["data"])
-        src, txn = data["eventsource"], data["eventsource"]["transaction"]
-        lsn = tuple(int(p, 16) for p in txn["commitlsn"].split(":"))
-        out.setdefault(f'{src["schema"]}.{src["tbl"]}', set()).add(lsn + (txn["sequencenumber"],))
-    return out
-
-
-def history_versions(db, qualified):
-    """The changes a history table holds, as record_versions has them; and how many rows."""
-    schema, table = split_table(qualified)
-    rows = db.query(f"SELECT _ces_commit_lsn, _ces_sequence FROM "
-                    f"{quote_ident(schema)}.{quote_ident(table)}")
-    return {tuple(int(p, 16) for p in lsn.split(":")) + (seq,) for lsn, seq in rows}, len(rows)
-
-
-def assert_history_complete(db, records, template="{schema}.{table}_history"):
-    """Every distinct change of records is in its table's history exactly once."""
-    for source, want in sorted(record_versions(records).items()):
-        schema, table = source.split(".")
-        got, count = history_versions(db, template.format(schema=schema, table=table).lower())
-        assert got == want, (source, len(got), len(want), sorted(want - got)[:3],
-                             sorted(got - want)[:3])
-        assert count == len(want), f"{source}: {count} history rows for {len(want)} changes"
-
 
 def test_history_beside_the_mirror(tmp_path, db, broker, ces2pg):
     """Every change of the table appended with its operation, commit LSN, sequence, commit time,
