@@ -169,6 +169,19 @@ void ces_sqltext_insert(ces_strbuf_t *sql, const ces_sqltext_names_t *names,
     add_insert(sql, names, t, cols, n, bulk, false);
 }
 
+/* " AND (the row's version is NULL or older than the event's, value version_ref)": a guarded
+ * delete's condition. */
+static void add_row_older(ces_strbuf_t *sql, const ces_sqltext_names_t *names, bool bulk,
+                          size_t version_ref) {
+    ces_strbuf_add(sql, " AND (t.");
+    ces_strbuf_add(sql, names->version);
+    ces_strbuf_add(sql, " IS NULL OR t.");
+    ces_strbuf_add(sql, names->version);
+    ces_strbuf_add(sql, " < ");
+    add_ref(sql, bulk, version_ref);
+    ces_strbuf_add(sql, "::numeric)");
+}
+
 /* The key of the single-row statements: t.k1 = $1::cast AND ... */
 static void add_key_match(ces_strbuf_t *sql, const ces_catalog_desc_t *t) {
     for (size_t k = 0; k < t->npk; k++) {
@@ -208,11 +221,8 @@ static void add_soft_delete(ces_strbuf_t *sql, const ces_sqltext_names_t *names,
     add_key_match(sql, t);
     if (!guard)
         return;
-    ces_strbuf_add(sql, " AND (t.");
-    ces_strbuf_add(sql, names->version);
-    ces_strbuf_add(sql, " IS NULL OR t.");
-    ces_strbuf_add(sql, names->version);
-    ces_strbuf_addf(sql, " < $%zu::numeric) RETURNING 1) INSERT INTO ", version_ref);
+    add_row_older(sql, names, false, version_ref);
+    ces_strbuf_add(sql, " RETURNING 1) INSERT INTO ");
     ces_strbuf_add(sql, names->tombstones);
     ces_strbuf_addf(sql, " AS ts (relid, key, version) SELECT %u, ", t->oid);
     add_key_array(sql, t, false, key_refs);
@@ -266,13 +276,8 @@ void ces_sqltext_delete(ces_strbuf_t *sql, const ces_sqltext_names_t *names,
     }
     if (!guard)
         return;
-    ces_strbuf_add(sql, " AND (t.");
-    ces_strbuf_add(sql, names->version);
-    ces_strbuf_add(sql, " IS NULL OR t.");
-    ces_strbuf_add(sql, names->version);
-    ces_strbuf_add(sql, " < ");
-    add_ref(sql, bulk, version_ref);
-    ces_strbuf_add(sql, "::numeric) RETURNING 1) INSERT INTO ");
+    add_row_older(sql, names, bulk, version_ref);
+    ces_strbuf_add(sql, " RETURNING 1) INSERT INTO ");
     ces_strbuf_add(sql, names->tombstones);
     ces_strbuf_addf(sql, " AS ts (relid, key, version) %s%u, ", bulk ? "SELECT " : "VALUES (",
                     t->oid);

@@ -135,3 +135,15 @@ def primary_key(db, qualified):
         "WHERE i.indrelid = to_regclass(%s) AND i.indisprimary ORDER BY k.n",
         (qualified,))
     return [r[0] for r in rows]
+
+
+def record_applied_changes(db, table="dbo.orders", key="orderid"):
+    """Every change that reaches table from now on (INSERT or UPDATE), recorded with its key and
+    the PostgreSQL transaction it went in, in public.applied (xid, <key>): a change applied twice
+    shows as two rows."""
+    db.query(f"CREATE TABLE public.applied (xid bigint, {key} int)")
+    db.query(f"""CREATE FUNCTION public.applied() RETURNS trigger LANGUAGE plpgsql AS
+                 $$ BEGIN INSERT INTO public.applied VALUES (txid_current(), NEW.{key});
+                 RETURN NULL; END $$""")
+    db.query(f"CREATE TRIGGER applied AFTER INSERT OR UPDATE ON {table}"
+             " FOR EACH ROW EXECUTE FUNCTION public.applied()")

@@ -19,6 +19,7 @@ from harness.events import event_record
 from harness.metrics import http_get, metric, parse_metrics
 from harness.progress import BackgroundOffsetMonitor, read_offsets, wait_applied
 from harness.proxy import CuttableProxy
+from harness.tables import record_applied_changes
 
 GROUP = "ces2pg-ha"
 LEASE_MS = 3000
@@ -149,13 +150,7 @@ def test_a_frozen_writer_is_replaced_and_writes_nothing_more(tmp_path, db, broke
     finds the role gone, steps down and becomes a standby."""
     b = broker(partitions=2)
     a, s = writer_and_standby(ces2pg, db, b)
-    # Every change that reaches the table, and the PostgreSQL transaction it went in.
-    db.query("CREATE TABLE public.applied (xid bigint, orderid int)")
-    db.query("""CREATE FUNCTION public.applied() RETURNS trigger LANGUAGE plpgsql AS
-                $$ BEGIN INSERT INTO public.applied VALUES (txid_current(), NEW.orderid);
-                RETURN NULL; END $$""")
-    db.query("CREATE TRIGGER applied AFTER INSERT OR UPDATE ON dbo.orders"
-             " FOR EACH ROW EXECUTE FUNCTION public.applied()")
+    record_applied_changes(db)
     watcher = BackgroundOffsetMonitor(db, GROUP).start()
     holder = db.connect()
     try:

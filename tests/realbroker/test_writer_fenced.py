@@ -11,6 +11,7 @@ writer exited 1.)"""
 from harness.events import event_record
 from harness.progress import read_offsets, wait_applied
 from harness.proxy import CuttableProxy
+from harness.tables import record_applied_changes
 
 GROUP = "ces2pg-fenced"
 HA = "ha = { lease_ms = 10000; };"
@@ -37,13 +38,7 @@ def test_a_writer_fenced_by_kafka_stands_by(tmp_path, db, kafka, topic, eventhub
         new.wait_log(r"standby for group", timeout=60)
         produce(kafka, t, 0, 10, 0)
         wait_applied(db, GROUP, {0: 10}, timeout=60, topic=t, daemons=[old, new])
-        # Every change that reaches the table, and the PostgreSQL transaction it went in.
-        db.query("CREATE TABLE public.applied (xid bigint, orderid int)")
-        db.query("""CREATE FUNCTION public.applied() RETURNS trigger LANGUAGE plpgsql AS
-                    $$ BEGIN INSERT INTO public.applied VALUES (txid_current(), NEW.orderid);
-                    RETURN NULL; END $$""")
-        db.query("CREATE TRIGGER applied AFTER INSERT OR UPDATE ON dbo.orders"
-                 " FOR EACH ROW EXECUTE FUNCTION public.applied()")
+        record_applied_changes(db)
 
         proxy.cut()
         produce(kafka, t, 10, 10, 1)
