@@ -14,7 +14,9 @@ from harness.proxy import CuttableProxy
 from harness.tables import record_applied_changes
 
 GROUP = "ces2pg-fenced"
-HA = "ha = { lease_ms = 10000; };"
+# Long, so that the old writer's own deadline (70% of it without a renewal) comes long after
+# Kafka fences it: the standby takes over by the lock at once, not by the lease.
+HA = "ha = { lease_ms = 30000; };"
 
 
 def rows(start, n):

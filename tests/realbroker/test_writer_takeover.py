@@ -40,14 +40,17 @@ def test_writer_killed_and_stopped_standbys_take_over(tmp_path, db, kafka, topic
         started.append(d)
         return d
 
+    # Both partitions busy at once (a little lag on the second): a transfer's two events arrive
+    # on two partitions, one writer must hold them both. The stream starts first: a writer that
+    # found a partition idle for longer than its window would take it for caught up and quiet,
+    # and tear the first transfers whatever the takeovers do (harness/lagbank.py says why).
+    producer = LaggingProducer(kafka.producer, t, a, b, 0, 1, rate=60, lag=(0.02, 0.1)).start()
+    wait_until(lambda: producer.sent_b > 0 or producer.errors, 30, message="both partitions fed")
     writer = instance()
     writer.wait_log(r"writer of group", timeout=60)
     standbys = [instance(), instance()]
     for s in standbys:
         s.wait_log(r"standby for group", timeout=60)
-    # Both partitions busy at once (a little lag on the second): a transfer's two events arrive
-    # on two partitions, one writer must hold them both.
-    producer = LaggingProducer(kafka.producer, t, a, b, 0, 1, rate=60, lag=(0.02, 0.1)).start()
     reader = InvariantReader(db, accounts, total)
     watcher = BackgroundOffsetMonitor(db, GROUP, interval=0.05, topic=t)
     rng = random.Random(4402)
