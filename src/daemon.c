@@ -98,7 +98,12 @@ static bool table_rule(void *opaque, const char *schema, const char *table,
                                              .rename_from =
                                                  (const char *const *)r->rename_from.items,
                                              .rename_to = (const char *const *)r->rename_to.items,
-                                             .nrename = r->rename_from.count},
+                                             .nrename = r->rename_from.count,
+                                             .type_columns =
+                                                 (const char *const *)r->type_columns.items,
+                                             .types = (const char *const *)r->types.items,
+                                             .type_zones = (const char *const *)r->type_zones.items,
+                                             .ntypes = r->type_columns.count},
                                  .line = r->line};
     return true;
 }

@@ -215,6 +215,7 @@ static int prepare_tables(ces_apply_t *a, ces_batch_t *batch, ces_catalog_table_
         ces_reject_t reject = {0};
         tables[i] = ces_catalog_ensure(a->catalog, a->session,
                                        ces_metadata_version_quoted(a->metadata), &item->event,
+                                       item->arena,
                                        a->attempts, &reject, e);
         if (tables[i] != NULL)
             continue;

@@ -640,14 +640,30 @@ static int table_ready(ces_catalog_t *cat, ces_session_t *session, const char *v
                        ces_reject_t *reject, ces_pgerr_t *e);
 
 /* The rule's choice of ev's columns (columns.h). A rule that leaves a key column out refuses the
- * table: every event of it is a dead letter, and the configuration is to blame (logged once).
- * Returns 0, or -1 with *reject set. */
-static int choose_columns(ces_catalog_table_t *t, ces_event_t *ev, ces_reject_t *reject) {
-    const char *key;
-    if (t->refused.reason == NULL &&
-        ces_columns_apply(&t->columns, ev, !t->history_only, &key) == 0) {
+ * table: every event of it is a dead letter, and the configuration is to blame (logged once). A
+ * value that does not convert to the type the rule chose makes its event a type conflict.
+ * Returns 0, or -1 with *reject (or e, out of memory) set. */
+static int choose_columns(ces_catalog_table_t *t, ces_event_t *ev, ces_arena_t *arena,
+                          ces_reject_t *reject, ces_pgerr_t *e) {
+    const char *key = NULL;
+    int rc = t->refused.reason == NULL
+                 ? ces_columns_apply(&t->columns, ev, !t->history_only, arena, &key)
+                 : CES_COLUMNS_KEY_LEFT_OUT;
+    if (rc == CES_COLUMNS_OK) {
         ev->shaped = true;
         return 0;
+    }
+    if (rc < 0) {
+        ces_pgerr_set(e, CES_PGERR_FATAL, -1, NULL, "out of memory");
+        return -1;
+    }
+    if (rc == CES_COLUMNS_NO_CONVERSION) {
+        snprintf(t->reject_reason, sizeof(t->reject_reason),
+                 "type conflict: a value of column '%.100s' does not convert to the type the rule "
+                 "of line %d of schema.tables gives it",
+                 key, t->rule_line);
+        *reject = (ces_reject_t){CES_DL_TYPE_CONFLICT, t->reject_reason};
+        return -1;
     }
     if (t->refused.reason == NULL) {
         snprintf(t->refused_reason, sizeof(t->refused_reason),
@@ -663,6 +679,7 @@ static int choose_columns(ces_catalog_table_t *t, ces_event_t *ev, ces_reject_t 
 
 ces_catalog_table_t *ces_catalog_ensure(ces_catalog_t *cat, ces_session_t *session,
                                         const char *version_quoted, ces_event_t *ev,
+                                        ces_arena_t *arena,
                                         uint64_t attempt, ces_reject_t *reject, ces_pgerr_t *e) {
     const char *parts[] = {ev->db, ev->schema, ev->table};
     ces_catalog_table_t *t = cat->last;
@@ -682,7 +699,8 @@ ces_catalog_table_t *ces_catalog_ensure(ces_catalog_t *cat, ces_session_t *sessi
         cat->last = t;
         cat->last_klen = klen;
     }
-    if (!ev->shaped && ces_columns_any(&t->columns) && choose_columns(t, ev, reject) != 0)
+    if (!ev->shaped && ces_columns_any(&t->columns) &&
+        choose_columns(t, ev, arena, reject, e) != 0)
         return NULL;
     if (!t->history_only && table_ready(cat, session, version_quoted, t, ev, attempt, reject, e) != 0)
         return NULL;

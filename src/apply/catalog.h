@@ -127,10 +127,12 @@ void ces_catalog_forget(ces_catalog_t *catalog);
  * that lives until the next call). attempt numbers the batch attempt the event is prepared for
  * (increasing): a table that does not exist and cannot be created is looked for in pg_catalog once
  * per attempt, not once per event, so a table created meanwhile is found by the next attempt.
- * The table's rule chooses ev's columns first (columns.h): ev is changed in place, once.
+ * The table's rule chooses ev's columns first (columns.h): ev is changed in place, once (values
+ * it converts are allocated from arena, ev's).
  */
 ces_catalog_table_t *ces_catalog_ensure(ces_catalog_t *catalog, ces_session_t *session,
                                         const char *version_quoted, ces_event_t *ev,
+                                        ces_arena_t *arena,
                                         uint64_t attempt, ces_reject_t *reject, ces_pgerr_t *e)
     __attribute__((warn_unused_result));
 

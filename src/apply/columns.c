@@ -3,11 +3,15 @@
  */
 #include "apply/columns.h"
 
+#include <ctype.h>
 #include <string.h>
 #include <strings.h>
 
+#include "format/json.h"
+#include "format/types.h"
+
 bool ces_columns_any(const ces_columns_rule_t *r) {
-    return r->ninclude > 0 || r->nexclude > 0 || r->nrename > 0;
+    return r->ninclude > 0 || r->nexclude > 0 || r->nrename > 0 || r->ntypes > 0;
 }
 
 static bool listed(const char *const *names, size_t n, const char *name) {
@@ -33,12 +37,99 @@ static const char *renamed(const ces_columns_rule_t *r, const char *name) {
     return NULL;
 }
 
-static void apply_fields(const ces_columns_rule_t *r, ces_field_t *fields, size_t *n) {
+/* The index of the type the rule gives the source column, or -1. */
+static long typed(const ces_columns_rule_t *r, const char *name) {
+    for (size_t i = 0; i < r->ntypes; i++) {
+        if (strcasecmp(r->type_columns[i], name) == 0)
+            return (long)i;
+    }
+    return -1;
+}
+
+/* The type as the event carries it for the catalog (format/types.h). */
+static const char *override_type(const char *type) {
+    static const char *const known[] = {CES_TYPES_OVERRIDE_PREFIX "jsonb",
+                                        CES_TYPES_OVERRIDE_PREFIX "json",
+                                        CES_TYPES_OVERRIDE_PREFIX "timestamptz"};
+    size_t prefix = sizeof(CES_TYPES_OVERRIDE_PREFIX) - 1;
+    for (size_t i = 0; i < sizeof(known) / sizeof(known[0]); i++) {
+        if (strcmp(known[i] + prefix, type) == 0)
+            return known[i];
+    }
+    return NULL;
+}
+
+static bool digits(const char *s, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        if (!isdigit((unsigned char)s[i]))
+            return false;
+    }
+    return true;
+}
+
+/* "YYYY-MM-DD", then " HH:MM" or "THH:MM", ":SS" and ".f" (1 to 7 digits) optional: the local
+ * date and time SQL Server's date, datetime, datetime2 and smalldatetime write, with no zone. */
+static bool plain_timestamp(const char *v, size_t len) {
+    if (len < 10 || !digits(v, 4) || v[4] != '-' || !digits(v + 5, 2) || v[7] != '-' ||
+        !digits(v + 8, 2))
+        return false;
+    if (len == 10)
+        return true;
+    if (len < 16 || (v[10] != ' ' && v[10] != 'T') || !digits(v + 11, 2) || v[13] != ':' ||
+        !digits(v + 14, 2))
+        return false;
+    size_t at = 16;
+    if (at < len && v[at] == ':') {
+        if (at + 3 > len || !digits(v + at + 1, 2))
+            return false;
+        at += 3;
+        if (at < len && v[at] == '.') {
+            size_t f = len - at - 1;
+            if (f < 1 || f > 7 || !digits(v + at + 1, f))
+                return false;
+            at = len;
+        }
+    }
+    return at == len;
+}
+
+/* The value of a field whose column the rule types (index k) in the form PostgreSQL reads: JSON
+ * as it is, a local time with the zone appended. Returns CES_COLUMNS_OK, _NO_CONVERSION, or -1
+ * when out of memory. */
+static int convert(const ces_columns_rule_t *r, size_t k, ces_field_t *f, ces_arena_t *arena) {
+    if (f->is_null)
+        return CES_COLUMNS_OK;
+    if (strcmp(r->types[k], "timestamptz") != 0)
+        return ces_json_valid(f->value, f->value_len) ? CES_COLUMNS_OK : CES_COLUMNS_NO_CONVERSION;
+    if (!plain_timestamp(f->value, f->value_len))
+        return CES_COLUMNS_NO_CONVERSION;
+    size_t zone = strlen(r->type_zones[k]);
+    char *v = ces_arena_alloc(arena, f->value_len + zone + 2);
+    if (v == NULL)
+        return -1;
+    memcpy(v, f->value, f->value_len);
+    v[f->value_len] = ' ';
+    memcpy(v + f->value_len + 1, r->type_zones[k], zone + 1);
+    f->value = v;
+    f->value_len += zone + 1;
+    return CES_COLUMNS_OK;
+}
+
+static int apply_fields(const ces_columns_rule_t *r, ces_field_t *fields, size_t *n,
+                        ces_arena_t *arena, const char **column) {
     size_t out = 0;
     for (size_t i = 0; i < *n; i++) {
         if (!kept(r, fields[i].name))
             continue;
         fields[out] = fields[i];
+        long k = typed(r, fields[i].name);
+        if (k >= 0) {
+            int rc = convert(r, (size_t)k, &fields[out], arena);
+            if (rc != CES_COLUMNS_OK) {
+                *column = fields[i].name;
+                return rc;
+            }
+        }
         const char *to = renamed(r, fields[i].name);
         if (to != NULL) {
             fields[out].name = to;
@@ -47,14 +138,15 @@ static void apply_fields(const ces_columns_rule_t *r, ces_field_t *fields, size_
         out++;
     }
     *n = out;
+    return CES_COLUMNS_OK;
 }
 
 int ces_columns_apply(const ces_columns_rule_t *r, ces_event_t *ev, bool keys_needed,
-                      const char **key_column) {
+                      ces_arena_t *arena, const char **column) {
     for (size_t i = 0; keys_needed && i < ev->npkkey; i++) {
         if (!kept(r, ev->pkkey[i].name)) {
-            *key_column = ev->pkkey[i].name;
-            return 1;
+            *column = ev->pkkey[i].name;
+            return CES_COLUMNS_KEY_LEFT_OUT;
         }
     }
     size_t out = 0;
@@ -62,6 +154,12 @@ int ces_columns_apply(const ces_columns_rule_t *r, ces_event_t *ev, bool keys_ne
         if (!kept(r, ev->cols[i].name))
             continue;
         ev->cols[out] = ev->cols[i];
+        long k = typed(r, ev->cols[i].name);
+        const char *type = k >= 0 ? override_type(r->types[k]) : NULL;
+        if (type != NULL) {
+            ev->cols[out].type = type;
+            ev->cols[out].type_len = (uint32_t)strlen(type);
+        }
         const char *to = renamed(r, ev->cols[i].name);
         if (to != NULL) {
             ev->cols[out].name = to;
@@ -70,8 +168,10 @@ int ces_columns_apply(const ces_columns_rule_t *r, ces_event_t *ev, bool keys_ne
         out++;
     }
     ev->ncols = out;
-    apply_fields(r, ev->pkkey, &ev->npkkey);
-    apply_fields(r, ev->current, &ev->ncurrent);
-    apply_fields(r, ev->old, &ev->nold);
-    return 0;
+    int rc;
+    if ((rc = apply_fields(r, ev->pkkey, &ev->npkkey, arena, column)) != CES_COLUMNS_OK ||
+        (rc = apply_fields(r, ev->current, &ev->ncurrent, arena, column)) != CES_COLUMNS_OK ||
+        (rc = apply_fields(r, ev->old, &ev->nold, arena, column)) != CES_COLUMNS_OK)
+        return rc;
+    return CES_COLUMNS_OK;
 }

@@ -17,6 +17,7 @@
 #include <stddef.h>
 
 #include "format/event.h"
+#include "util/arena.h"
 
 /* What a rule says of a table's columns; the strings are the configuration's. */
 typedef struct {
@@ -27,15 +28,31 @@ typedef struct {
     const char *const *rename_from; /* source names ... */
     const char *const *rename_to;   /* ... and their new names, pairwise */
     size_t nrename;
+    /* Columns given another PostgreSQL type: source names, the type ("jsonb", "json",
+     * "timestamptz") and, for timestamptz, the zone the source's local times are in ("" else). */
+    const char *const *type_columns;
+    const char *const *types;
+    const char *const *type_zones;
+    size_t ntypes;
 } ces_columns_rule_t;
+
+typedef enum {
+    CES_COLUMNS_OK = 0,
+    CES_COLUMNS_KEY_LEFT_OUT, /* a key column is left out (a mirror needs it) */
+    CES_COLUMNS_NO_CONVERSION /* a value does not convert to its column's chosen type */
+} ces_columns_status_t;
 
 /* Whether the rule chooses or renames any column. */
 bool ces_columns_any(const ces_columns_rule_t *rule);
 
-/* Applies rule to ev in place (its arrays are compacted, renamed names point at the rule's
- * strings). With keys_needed (a mirror applies changes by key), returns 1 when a key column (one
- * of pkkey) is left out, with *key_column set to its source name (ev unchanged); else 0. */
+/* Applies rule to ev in place: its arrays are compacted, renamed names point at the rule's
+ * strings, a column given another type carries it (CES_TYPES_OVERRIDE_PREFIX) and its values the
+ * form PostgreSQL reads for it (a local time with its zone appended, from arena). Returns
+ * CES_COLUMNS_KEY_LEFT_OUT when keys_needed (a mirror applies changes by key) and a key column
+ * (one of pkkey) is left out, CES_COLUMNS_NO_CONVERSION when a value is not JSON for a json or
+ * jsonb column or not a plain date and time for a timestamptz one, with *column set to the source
+ * name (ev is then to be dead-lettered, not used); else CES_COLUMNS_OK. -1 when out of memory. */
 int ces_columns_apply(const ces_columns_rule_t *rule, ces_event_t *ev, bool keys_needed,
-                      const char **key_column);
+                      ces_arena_t *arena, const char **column);
 
 #endif

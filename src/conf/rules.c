@@ -10,7 +10,7 @@
 
 /* The keys a rule may hold, for the message that refuses another. */
 #define RULE_KEYS "match, target, deletes, deleted_column, history, history_table, columns"
-#define COLUMNS_KEYS "include, exclude, rename"
+#define COLUMNS_KEYS "include, exclude, rename, types"
 
 static void names_free(ces_rule_names_t *names) {
     for (size_t i = 0; i < names->count; i++)
@@ -28,6 +28,9 @@ void ces_rules_free(ces_rules_t *rules) {
         names_free(&rules->items[i].exclude);
         names_free(&rules->items[i].rename_from);
         names_free(&rules->items[i].rename_to);
+        names_free(&rules->items[i].type_columns);
+        names_free(&rules->items[i].types);
+        names_free(&rules->items[i].type_zones);
         free(rules->items[i].match);
         free(rules->items[i].target);
         free(rules->items[i].deleted_column);
@@ -157,7 +160,72 @@ static int read_renames(ces_rule_t *r, config_setting_t *s, const char *path, ch
     return 0;
 }
 
-/* columns = { include = [...]; exclude = [...]; rename = (...); } into r. Returns 0, or -1 with
+/* Appends a copy of v to names (whose items hold room for it). Returns 0, or -1. */
+static int names_add(ces_rule_names_t *names, const char *v) {
+    if ((names->items[names->count] = strdup(v)) == NULL)
+        return -1;
+    names->count++;
+    return 0;
+}
+
+static bool zone_name(const char *zone) {
+    size_t n = strlen(zone);
+    return n > 0 && n <= 64 &&
+           strspn(zone, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_/+-:") ==
+               n;
+}
+
+/* types = ( ["Column", "jsonb"], ["Created", "timestamptz", "Europe/Berlin"] ) into r. Returns 0,
+ * or -1 with errstr set. */
+static int read_types(ces_rule_t *r, config_setting_t *s, const char *path, char *errstr,
+                      size_t errstr_size) {
+    int line = config_setting_source_line(s);
+    const char *shape = "types is a list: types = ( [\"Payload\", \"jsonb\"], [\"Created\", "
+                        "\"timestamptz\", \"Europe/Berlin\"] ); the types are jsonb, json and "
+                        "timestamptz (with the zone of the source's local times)";
+    if (config_setting_type(s) != CONFIG_TYPE_LIST)
+        return refuse(errstr, errstr_size, path, line, "columns: ", shape);
+    size_t n = (size_t)config_setting_length(s);
+    ces_rule_names_t *lists[] = {&r->type_columns, &r->types, &r->type_zones};
+    for (size_t l = 0; l < 3; l++) {
+        if ((lists[l]->items = calloc(n + 1, sizeof(char *))) == NULL) {
+            snprintf(errstr, errstr_size, "%s: out of memory", path);
+            return -1;
+        }
+    }
+    for (size_t i = 0; i < n; i++) {
+        config_setting_t *item = config_setting_get_elem(s, (unsigned)i);
+        int parts = config_setting_length(item);
+        const char *column = config_setting_get_string_elem(item, 0);
+        const char *type = config_setting_get_string_elem(item, 1);
+        const char *zone = parts == 3 ? config_setting_get_string_elem(item, 2) : "";
+        bool timestamptz = type != NULL && strcmp(type, "timestamptz") == 0;
+        bool json = type != NULL && (strcmp(type, "jsonb") == 0 || strcmp(type, "json") == 0);
+        if (column == NULL || column[0] == '\0' || zone == NULL || (!timestamptz && !json) ||
+            (timestamptz && parts != 3) || (json && parts != 2))
+            return refuse(errstr, errstr_size, path, line, "columns: ", shape);
+        if (timestamptz && !zone_name(zone))
+            return refuse(errstr, errstr_size, path, line, "columns: ",
+                          "a zone is a name like \"Europe/Berlin\" or \"UTC\"");
+        if (names_have(&r->type_columns, column))
+            return refuse(errstr, errstr_size, path, line, "columns: ",
+                          "a column is given two types");
+        if (names_add(&r->type_columns, column) != 0 || names_add(&r->types, type) != 0 ||
+            names_add(&r->type_zones, zone) != 0) {
+            snprintf(errstr, errstr_size, "%s: out of memory", path);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* Whether the column goes under r's include and exclude lists. */
+static bool goes(const ces_rule_t *r, const char *column) {
+    return (r->include.count == 0 || names_have(&r->include, column)) &&
+           !names_have(&r->exclude, column);
+}
+
+/* columns = { include = [...]; exclude = [...]; rename = (...); types = (...); } into r. Returns 0, or -1 with
  * errstr set. */
 static int read_columns(ces_rule_t *r, config_setting_t *g, const char *path, char *errstr,
                         size_t errstr_size) {
@@ -175,6 +243,8 @@ static int read_columns(ces_rule_t *r, config_setting_t *g, const char *path, ch
             rc = read_names(&r->exclude, s, path, errstr, errstr_size);
         else if (strcmp(name, "rename") == 0)
             rc = read_renames(r, s, path, errstr, errstr_size);
+        else if (strcmp(name, "types") == 0)
+            rc = read_types(r, s, path, errstr, errstr_size);
         else {
             snprintf(errstr, errstr_size,
                      "%s:%d: schema.tables: unknown key '%s' in columns (columns hold: " COLUMNS_KEYS
@@ -189,11 +259,15 @@ static int read_columns(ces_rule_t *r, config_setting_t *g, const char *path, ch
         return refuse(errstr, errstr_size, path, line, "columns: ",
                       "give include or exclude, not both");
     for (size_t i = 0; i < r->rename_from.count; i++) {
-        const char *from = r->rename_from.items[i];
-        if ((r->include.count > 0 && !names_have(&r->include, from)) ||
-            names_have(&r->exclude, from))
+        if (!goes(r, r->rename_from.items[i]))
             return refuse(errstr, errstr_size, path, line, "columns: ",
                           "a renamed column must be one that goes (in include, not in exclude)");
+    }
+    for (size_t i = 0; i < r->type_columns.count; i++) {
+        if (!goes(r, r->type_columns.items[i]))
+            return refuse(errstr, errstr_size, path, line, "columns: ",
+                          "a column given a type must be one that goes (in include, not in "
+                          "exclude)");
     }
     return 0;
 }
@@ -425,6 +499,10 @@ static void describe_columns(FILE *out, const ces_rule_t *r) {
     for (size_t i = 0; i < r->rename_from.count; i++)
         fprintf(out, "%s%s as %s", i ? ", " : ", renaming ", r->rename_from.items[i],
                 r->rename_to.items[i]);
+    for (size_t i = 0; i < r->type_columns.count; i++)
+        fprintf(out, "%s%s as %s%s%s", i ? ", " : ", typing ", r->type_columns.items[i],
+                r->types.items[i], r->type_zones.items[i][0] ? " at " : "",
+                r->type_zones.items[i]);
 }
 
 void ces_rules_describe(FILE *out, const ces_rules_t *rules, const char *default_target) {

@@ -10,7 +10,8 @@
  * later insert or update of the key clears), and whether every change is also appended to a history
  * table (`history`: "off", "also" beside the mirror, "only" instead of it; `history_table`, a
  * template like target's, default "{schema}.{table}_history"), and which columns go under which
- * names (`columns = { include = [...]; exclude = [...]; rename = ( ["Source", "target"] ); }`).
+ * names (`columns = { include = [...]; exclude = [...]; rename = ( ["Source", "target"] );
+ * types = ( ["Payload", "jsonb"], ["Created", "timestamptz", "Europe/Berlin"] ); }`).
  * Every key a rule may hold is known here: anything else is an error, never ignored. docs/semantics.md ("Per-table rules") states the guarantees.
  */
 #ifndef CES_RULES_H
@@ -52,6 +53,9 @@ typedef struct {
     /* columns: which source columns go (include, or all but exclude; ASCII case aside) and the
      * new names of some (rename_from[i] becomes rename_to[i]). */
     ces_rule_names_t include, exclude, rename_from, rename_to;
+    /* columns.types: source columns given another PostgreSQL type (jsonb, json, timestamptz) and,
+     * for timestamptz, the zone their local times are in ("" for the others). */
+    ces_rule_names_t type_columns, types, type_zones;
     int line;             /* of the rule in the configuration file */
 } ces_rule_t;
 

@@ -446,3 +446,13 @@ const char *ces_json_type_name(ces_json_type_t type) {
     }
     return "unknown";
 }
+
+bool ces_json_valid(const char *text, size_t len) {
+    yajl_handle h = yajl_alloc(NULL, NULL, NULL);
+    if (h == NULL)
+        return false;
+    bool ok = yajl_parse(h, (const unsigned char *)text, len) == yajl_status_ok &&
+              yajl_complete_parse(h) == yajl_status_ok;
+    yajl_free(h);
+    return ok;
+}

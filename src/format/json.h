@@ -88,6 +88,10 @@ const ces_json_t *ces_json_parse_in_place(ces_json_parser_t *parser, ces_arena_t
                                           char *text, size_t len, const ces_json_limits_t *limits,
                                           char *errstr, size_t errstr_size);
 
+/* Whether text[0..len) is one JSON value, as yajl reads it (valid UTF-8 in its strings), building
+ * nothing: what a column made jsonb must hold. */
+bool ces_json_valid(const char *text, size_t len);
+
 /* Returns the first member named key (key_len bytes) of an OBJECT node, or NULL. Always inline,
  * like ces_json_get, so that a literal key's length is known when compiling and the comparison of
  * names is a few instructions instead of a call: a CES record takes about forty lookups (plain

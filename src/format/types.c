@@ -53,6 +53,11 @@ static int parse_type(const char *text, char *name, size_t name_size, long args[
 static long cap6(long n) { return n > 6 ? 6 : n; }
 
 bool ces_types_map(const char *sqlserver_type, char *buf, size_t size) {
+    size_t prefix = sizeof(CES_TYPES_OVERRIDE_PREFIX) - 1;
+    if (strncmp(sqlserver_type, CES_TYPES_OVERRIDE_PREFIX, prefix) == 0) {
+        snprintf(buf, size, "%s", sqlserver_type + prefix);
+        return true;
+    }
     char name[32];
     long a[2] = {0, 0};
     int nargs = 0;

@@ -22,6 +22,11 @@ typedef enum {
  */
 bool ces_types_map(const char *sqlserver_type, char *buf, size_t size);
 
+/* A column type a table rule chose in place of the source's (apply/columns.h) is carried in the
+ * event as this prefix and the PostgreSQL type ("ces2pg:jsonb"), which ces_types_map maps to the
+ * type itself. */
+#define CES_TYPES_OVERRIDE_PREFIX "ces2pg:"
+
 /*
  * Can a column of PostgreSQL base type target_typname (pg_type.typname, e.g. "int4") hold values of
  * a source column mapped to mapped_type (what ces_types_map wrote, e.g. "varchar(50)")? Text

@@ -342,3 +342,41 @@ def test_a_rule_that_leaves_out_the_key_is_refused(tmp_path, db):
     assert len(reasons) == 2 and all(reason.match(r) for r in reasons), reasons
     assert err.count("leaves out the key column") == 1, "logged once per table"
     assert db.scalar("SELECT to_regclass('dbo.orders')") is None
+
+
+def test_types_chosen_for_columns_and_values_that_do_not_convert(tmp_path, db):
+    """nvarchar(max) holding JSON becomes jsonb, a datetime2 of Berlin's local time becomes
+    timestamptz; a value that is not JSON, or not a date and time, is a dead letter of class
+    type_conflict and the rest of the batch is applied. The history takes the same types."""
+    cols = [("Id", "int"), ("Payload", "nvarchar(max)"), ("Created", "datetime2(7)")]
+    n = 0x7600000
+
+    def rec(i, payload, created, k):
+        return event_record("Events", cols, {"Id": str(i), "Payload": payload, "Created": created},
+                            ["Id"], txn=(n + k, 1, True))
+
+    recs = [rec(1, '{"a": [1, 2], "b": "x"}', "2026-02-11 10:42:18.3770000", 0),
+            rec(2, "not json", "2026-02-11 10:42:18", 1),
+            rec(3, "[]", "yesterday", 2),
+            rec(4, "null", "2026-07-01T08:00", 3)]
+    path = tmp_path / "t.jsonl"
+    write_records(path, recs)
+    rc, out, err = run_replay(db, [path], extra_config=rules_config(
+        '{ match = "dbo.events"; history = "also"; columns = { types = ( '
+        '["payload", "jsonb"], ["Created", "timestamptz", "Europe/Berlin"] ); }; }'))
+    assert rc == 0, err
+    assert parse_replay_summary(out)[2] == 2, out
+    for table in ("dbo.events", "dbo.events_history"):
+        types = dict(db.query("SELECT attname, format_type(atttypid, atttypmod) FROM pg_attribute "
+                              "WHERE attrelid = %s::regclass AND attnum > 0", (table,)))
+        assert (types["payload"], types["created"]) == ("jsonb", "timestamp with time zone"), types
+    rows = db.query("SELECT id, payload -> 'a' ->> 1, created AT TIME ZONE 'UTC' "
+                    "FROM dbo.events ORDER BY id")
+    assert [(r[0], r[1], r[2].isoformat()) for r in rows] == [
+        (1, "2", "2026-02-11T09:42:18.377000"),   # CET, UTC+1
+        (4, None, "2026-07-01T06:00:00")], rows    # CEST, UTC+2
+    reasons = sorted(r["reason"] for r in dead_letters(db))
+    assert len(reasons) == 2 and all(r.startswith("type conflict: a value of column '")
+                                     for r in reasons), reasons
+    assert "'Created'" in reasons[0] and "'Payload'" in reasons[1], reasons
+    assert db.scalar("SELECT count(*) FROM ces2pg.dead_letters WHERE class = 'type_conflict'") == 2

@@ -268,7 +268,8 @@ static void table_rules_match_in_order(void **state) {
                             "  { match = \"dbo.*\"; deletes = \"soft\"; deleted_column = \"gone\";"
                             " history = \"also\"; },\n"
                             "  { match = \"log.*\"; history = \"only\"; history_table = \"h.{table}\";"
-                            " columns = { include = [\"Id\", \"Msg\"]; rename = ( [\"Msg\", \"text\"] ); }; }\n"
+                            " columns = { include = [\"Id\", \"Msg\", \"At\"]; rename = ( [\"Msg\", \"text\"] );"
+                            " types = ( [\"Msg\", \"jsonb\"], [\"At\", \"timestamptz\", \"UTC\"] ); }; }\n"
                             "); };\n");
     ces_config_t *c = NULL;
     char err[512];
@@ -294,7 +295,10 @@ static void table_rules_match_in_order(void **state) {
     r = ces_rules_match(&c->schema_tables, "log", "events");
     assert_int_equal(r->history, CES_RULE_HISTORY_ONLY);
     assert_string_equal(r->history_table, "h.{table}");
-    assert_int_equal(r->include.count, 2);
+    assert_int_equal(r->include.count, 3);
+    assert_int_equal(r->types.count, 2);
+    assert_string_equal(r->type_zones.items[0], "");
+    assert_string_equal(r->type_zones.items[1], "UTC");
     assert_string_equal(r->rename_to.items[0], "text");
     assert_null(ces_rules_match(&c->schema_tables, "sales", "Orders"));
 
@@ -308,8 +312,8 @@ static void table_rules_match_in_order(void **state) {
     assert_non_null(strstr(text, "deletes soft (a delete keeps the row and sets gone to the commit "
                                  "time), every change also in {schema}.{table}_history\n"));
     assert_non_null(strstr(text, "tables: pattern log.* (line 7): history only, in h.{table} "
-                                 "(append only, no mirror), only the columns Id, Msg, renaming "
-                                 "Msg as text\n"));
+                                 "(append only, no mirror), only the columns Id, Msg, At, renaming "
+                                 "Msg as text, typing Msg as jsonb, At as timestamptz at UTC\n"));
     assert_non_null(strstr(text, "tables: pattern audit.* (line 5): target {schema}.{table}, "
                                  "deletes soft (a delete keeps the row and sets _ces_deleted_at"));
     assert_non_null(strstr(text, "tables: any other table: target {schema}.{table}, deletes "
@@ -366,7 +370,7 @@ static void table_rule_mistakes_are_errors(void **state) {
                  CES_CONFIG_DAEMON, "5:", "deleted_column may not be the version column");
     expect_error(RULES_BASE "schema = { tables = (\n { match = \"dbo.a\"; columns = { mask = [\"C\"]; "
                             "}; }\n); };\n",
-                 CES_CONFIG_DAEMON, "4:", "unknown key 'mask' in columns (columns hold: include, exclude, rename)");
+                 CES_CONFIG_DAEMON, "4:", "unknown key 'mask' in columns (columns hold: include, exclude, rename, types)");
     expect_error(RULES_BASE "schema = { tables = (\n { match = \"dbo.a\"; columns = { include = "
                             "[\"A\"]; exclude = [\"B\"]; }; }\n); };\n",
                  CES_CONFIG_DAEMON, "4:", "give include or exclude, not both");
@@ -382,6 +386,18 @@ static void table_rule_mistakes_are_errors(void **state) {
     expect_error(RULES_BASE "schema = { tables = (\n { match = \"dbo.a\"; columns = { include = "
                             "[\"\"]; }; }\n); };\n",
                  CES_CONFIG_DAEMON, "4:", "a column name must be a non-empty string");
+    expect_error(RULES_BASE "schema = { tables = (\n { match = \"dbo.a\"; columns = { types = "
+                            "( [\"P\", \"xml\"] ); }; }\n); };\n",
+                 CES_CONFIG_DAEMON, "4:", "types is a list:");
+    expect_error(RULES_BASE "schema = { tables = (\n { match = \"dbo.a\"; columns = { types = "
+                            "( [\"C\", \"timestamptz\"] ); }; }\n); };\n",
+                 CES_CONFIG_DAEMON, "4:", "timestamptz (with the zone of the source's local times)");
+    expect_error(RULES_BASE "schema = { tables = (\n { match = \"dbo.a\"; columns = { types = "
+                            "( [\"C\", \"timestamptz\", \"Berlin; DROP\"] ); }; }\n); };\n",
+                 CES_CONFIG_DAEMON, "4:", "a zone is a name like");
+    expect_error(RULES_BASE "schema = { tables = (\n { match = \"dbo.a\"; columns = { exclude = "
+                            "[\"P\"]; types = ( [\"p\", \"jsonb\"] ); }; }\n); };\n",
+                 CES_CONFIG_DAEMON, "4:", "a column given a type must be one that goes");
     /* A narrower rule first is what "the first match wins" asks for. */
     write_config(RULES_BASE "schema = { tables = (\n { match = \"dbo.ord*\"; },\n"
                             " { match = \"dbo.*\"; }\n); };\n");
