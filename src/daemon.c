@@ -554,6 +554,26 @@ static bool wait_for_role(daemon_t *d) {
     return false;
 }
 
+/* After a term that ended by itself: was this writer replaced? Only a writer joins under the
+ * shared static name, so another member under it is a new writer (which PostgreSQL's fence
+ * already keeps this one from committing past); and a term that failed may have failed because the
+ * role went (a writer frozen past its lease). Either is a step down, not a failure. */
+static void check_replaced(daemon_t *d, ces_pipeline_status_t st) {
+    char err[512];
+    if (ces_consumer_fenced(d->consumer)) {
+        ces_log_warning("writer of group '%s': another instance joined the consumer group as the "
+                        "writer: stepping down",
+                        d->config->kafka_group_id);
+        d->stepping_down = true;
+    } else if (st == CES_PIPELINE_FATAL &&
+               ces_writer_renew(d->writer, err, sizeof(err)) == CES_WRITER_STANDBY) {
+        ces_log_warning("writer of group '%s': another instance took the role over (%s): "
+                        "stepping down",
+                        d->config->kafka_group_id, ces_writer_seen(d->writer));
+        d->stepping_down = true;
+    }
+}
+
 /* One term of consuming: joins the consumer group, runs the loop until a stop, a failure or a step
  * down, and leaves the group (the revocation commits what is complete). */
 static ces_daemon_status_t run_term(daemon_t *d) {
@@ -577,14 +597,13 @@ static ces_daemon_status_t run_term(daemon_t *d) {
     ces_pipeline_get_stats(d->pipeline, &d->progress_base);
     ces_pipeline_hooks_t hooks = {.on_turn = on_turn, .on_stopping = on_stopping, .opaque = d};
     ces_pipeline_status_t st = ces_pipeline_run(d->pipeline, &hooks, &d->leave, err, sizeof(err));
-    /* Only a writer joins under the shared static name: another member under it is a new writer,
-     * which PostgreSQL's fence already keeps this one from committing past. */
-    if (d->writer != NULL && !d->stepping_down && ces_consumer_fenced(d->consumer)) {
-        ces_log_warning("writer of group '%s': another instance joined the consumer group as the "
-                        "writer: stepping down",
-                        d->config->kafka_group_id);
-        d->stepping_down = true;
-    }
+    if (d->writer != NULL && !d->stepping_down && !*d->signals->stop)
+        check_replaced(d, st);
+    /* A writer that steps down may write again in a later term, with another consumer: nothing of
+     * this one may outlive it (a fenced consumer revokes nothing on its way out). The loop applied
+     * what was complete before it returned. */
+    if (d->stepping_down && !*d->signals->stop)
+        ces_pipeline_forget(d->pipeline);
     /* Leaving the group revokes the assignment: the pipeline commits what is complete. */
     ces_consumer_destroy(d->consumer);
     d->consumer = NULL;
@@ -616,13 +635,6 @@ static ces_daemon_status_t serve_roles(daemon_t *d) {
             return CES_DAEMON_OK; /* stopped while a standby */
         ces_daemon_status_t st = run_term(d);
         bool stopped = *d->signals->stop;
-        if (!stopped && st == CES_DAEMON_FAILED && !d->stepping_down) {
-            /* A writer replaced while frozen finds its consumer fenced by the new one's static
-             * membership: that is a step down too. */
-            char err[512];
-            if (ces_writer_renew(d->writer, err, sizeof(err)) == CES_WRITER_STANDBY)
-                d->stepping_down = true;
-        }
         if (!d->stepping_down || stopped) {
             ces_writer_release(d->writer);
             return st;

@@ -222,9 +222,11 @@ static int rewind_partition(ces_pipeline_t *p, ces_partition_t *part, ces_apply_
     return 0;
 }
 
-ces_pipeline_status_t ces_flight_rewind(ces_pipeline_t *p, char *errstr, size_t errstr_size) {
+/* Drops everything read and not committed: records staged, the batch in flight (landed first:
+ * the positions read afterwards account for it), held transactions and segments, a streamed
+ * transaction. */
+static void drop_uncommitted(ces_pipeline_t *p) {
     char why[256];
-    /* Records read ahead are read again from the positions below. */
     ces_staging_drop(p);
     /* Whether it commits or not, the positions read below account for it. */
     if (p->flying && land_in_flight(p, why, sizeof(why)) != CES_APPLY_OK)
@@ -238,6 +240,26 @@ ces_pipeline_status_t ces_flight_rewind(ces_pipeline_t *p, char *errstr, size_t 
         ces_order_reset(p->order);
     ces_lateness_forget(&p->late);
     ces_stream_abort(&p->stream, p->apply);
+}
+
+void ces_flight_forget(ces_pipeline_t *p) {
+    drop_uncommitted(p);
+    ces_partitions_iter_t it = {0};
+    ces_partition_t *part;
+    while ((part = ces_partitions_next(p->partitions, &it)) != NULL) {
+        if (!part->assigned)
+            continue;
+        ces_positions_on_revoke(&part->pos);
+        part->assigned = false;
+        part->has_frontier = false;
+        part->at_eof = false;
+        part->paused = false;
+    }
+}
+
+ces_pipeline_status_t ces_flight_rewind(ces_pipeline_t *p, char *errstr, size_t errstr_size) {
+    /* Records read ahead are read again from the positions below. */
+    drop_uncommitted(p);
     ces_partitions_iter_t it = {0};
     ces_partition_t *part;
     while ((part = ces_partitions_next(p->partitions, &it)) != NULL) {

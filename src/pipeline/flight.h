@@ -42,4 +42,8 @@ ces_pipeline_status_t ces_flight_begin_stream(ces_pipeline_t *p, ces_lsn_t lsn, 
  * goes back to the positions PostgreSQL holds. */
 ces_pipeline_status_t ces_flight_rewind(ces_pipeline_t *p, char *errstr, size_t errstr_size);
 
+/* Drops what ces_flight_rewind drops and gives every partition up without seeking: the consumer
+ * that read them is going, and the next one starts from the stored positions. */
+void ces_flight_forget(ces_pipeline_t *p);
+
 #endif

@@ -145,6 +145,12 @@ int ces_pipeline_on_revoked(void *opaque, const char *topic, const int32_t *part
 
 void ces_pipeline_get_stats(const ces_pipeline_t *pipeline, ces_pipeline_stats_t *stats);
 
+/* The end of a term of consuming whose consumer goes without revoking its partitions (a writer
+ * fenced by Kafka, or stepping down): drops every record read and not committed and forgets the
+ * partitions, so that the next term starts clean from the positions stored in PostgreSQL. Call it
+ * while the consumer still exists (staged records go back to it). */
+void ces_pipeline_forget(ces_pipeline_t *pipeline);
+
 /* Transaction order: the reorder window the stream's last writer stored with its last commit
  * (-1: none), for a writer that takes over or restarts, so that what the window learned about the
  * partitions' lag is not learned again by tearing transactions. */

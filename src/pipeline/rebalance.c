@@ -146,3 +146,7 @@ int ces_pipeline_on_revoked(void *opaque, const char *topic, const int32_t *part
     }
     return 0;
 }
+
+/* A consumer that goes without revoking (rebalance callbacks are not called for it): the same
+ * forgetting a revocation of everything would do, without committing (pipeline.h). */
+void ces_pipeline_forget(ces_pipeline_t *p) { ces_flight_forget(p); }
