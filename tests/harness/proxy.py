@@ -24,6 +24,18 @@ class CuttableProxy:
         self.listener = socket.create_server(("127.0.0.1", self.port), reuse_port=False)
         threading.Thread(target=self._accept, args=(self.listener,), daemon=True).start()
 
+    def server_ports(self):
+        """The local ports of the connections to the server open now: its sessions' client_port
+        in pg_stat_activity."""
+        ports = []
+        with self.lock:
+            for c in self.conns[1::2]:
+                try:
+                    ports.append(c.getsockname()[1])
+                except OSError:
+                    pass  # closed already: its session ended
+        return ports
+
     def cut(self):
         # close() alone does not wake a thread blocked in accept(), which would go on accepting
         # on the closed socket; shutdown() does (accept fails with EINVAL).
