@@ -478,11 +478,18 @@ static int table_first_load(ces_catalog_t *cat, ces_session_t *session, const ch
             t->absent_attempt = attempt;
             return -1;
         }
+        char *deleted = t->deleted_column ? ces_session_quote(session, t->deleted_column) : NULL;
+        if (t->deleted_column != NULL && deleted == NULL) {
+            ces_pgerr_set(e, CES_PGERR_FATAL, -1, NULL, "out of memory");
+            return -1;
+        }
         ces_pgcatalog_names_t names = {cat->preserve_case, cat->version_column,
                                        cat->lsn_guard && !t->is_history ? version_quoted : NULL,
-                                       t->is_history};
-        if (ces_pgcatalog_create(session, t->pg_schema, t->desc.qualified, &names, t->source, ev,
-                                 e) != 0)
+                                       t->is_history, deleted};
+        int rc = ces_pgcatalog_create(session, t->pg_schema, t->desc.qualified, &names, t->source,
+                                      ev, e);
+        free(deleted);
+        if (rc != 0)
             return ddl_failed(e);
         int created = table_load(cat, session, t, e);
         /* "Already exists" counted as another session's table, yet no table is there: another
@@ -550,7 +557,7 @@ static int table_add_missing(const ces_catalog_t *cat, ces_session_t *session,
                 missing[still++] = missing[i];
         }
         nmissing = still;
-        ces_pgcatalog_names_t names = {cat->preserve_case, cat->version_column, NULL, false};
+        ces_pgcatalog_names_t names = {cat->preserve_case, cat->version_column, NULL, false, NULL};
         if (nmissing > 0 && ces_pgcatalog_evolve(session, t->desc.qualified, &names, ev, missing,
                                                  nmissing, e) != 0)
             rc = ddl_failed(e);

@@ -217,6 +217,11 @@ static int create_table_sql(ces_strbuf_t *sql, const ces_session_t *session, con
         ces_strbuf_add(sql, version_quoted);
         ces_strbuf_add(sql, " numeric");
     }
+    if (names->deleted_quoted != NULL) { /* with the table: no reader sees it without */
+        ces_strbuf_add(sql, ", ");
+        ces_strbuf_add(sql, names->deleted_quoted);
+        ces_strbuf_add(sql, " timestamptz");
+    }
     ces_strbuf_add(sql, ", PRIMARY KEY (");
     for (size_t i = 0; i < ev->npkkey; i++) {
         ces_strbuf_add(sql, i ? ", " : "");

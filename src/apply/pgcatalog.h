@@ -32,6 +32,7 @@ typedef struct {
     const char *version_column; /* its name (reserved for ces2pg) */
     const char *version_quoted; /* quoted, for CREATE TABLE; NULL: tables get no version column */
     bool history; /* a history table: CES_CATALOG_HISTORY_META first, keyed on the version */
+    const char *deleted_quoted; /* soft deletes: the column, made with the table; NULL: none */
 } ces_pgcatalog_names_t;
 
 /*

@@ -26,8 +26,8 @@ from chaos import (
 )
 from harness.common import wait_until
 from harness.daemon import parse_replay_summary, run_replay
-from harness.progress import dead_letters
 from harness.events import generate
+from harness.progress import dead_letters
 from harness.tables import assert_tables_match
 
 
@@ -204,6 +204,14 @@ def test_rules_checks_catch_what_they_check(tmp_path, db):
     tampered(f"UPDATE {table} SET _ces_lsn = _ces_lsn - 1 WHERE {key}",
              f"UPDATE {table} SET _ces_lsn = _ces_lsn + 1 WHERE {key}",
              f"{table}: 1 row(s) whose version is not the newest change of their key")
+    # A composite key (the problem names it).
+    order, no = db.query(f"SELECT orderid, lineno FROM dbo.orders WHERE {live} "
+                         "ORDER BY 1, 2 LIMIT 1")[0]
+    line = f"(orderid, lineno) = ({order}, {no})"
+    tampered(f"UPDATE dbo.orders SET _ces_lsn = _ces_lsn + 1 WHERE {line}",
+             f"UPDATE dbo.orders SET _ces_lsn = _ces_lsn - 1 WHERE {line}",
+             "dbo.orders: 1 row(s) whose version is not the newest change of their key "
+             f"in dbo.orders_history: ['key ({order}, {no}): version ")
     assert problems() == []
 
     # The histories (not undone: each check looks for its own problem).

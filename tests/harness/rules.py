@@ -18,20 +18,39 @@ def forget_soft_deleted(db, expect, column="_ces_deleted_at"):
     return removed
 
 
+def record_changes(records):
+    """{table (lower case): {(VLF, block, slot, sequence): operation}}: the distinct changes of
+    CES JSON records. The change is read from the logicalid (stream:LSN:sequence), which every
+    CES generation has (legacy events carry no transaction object); the table from the data,
+    joined first for an event split into segments (their copies count once)."""
+    changes, slices = {}, {}
+
+    def add(env, data):
+        _, lsn, seq = env["logicalid"].rsplit(":", 2)
+        change = (int(lsn[0:8], 16), int(lsn[8:16], 16), int(lsn[16:20], 16), int(seq))
+        src = data["eventsource"]
+        changes.setdefault(f'{src["schema"]}.{src["tbl"]}'.lower(), {})[change] = \
+            env["operation"]
+
+    for record in records:
+        env = json.loads(record)
+        try:
+            data = json.loads(env["data"])
+        except ValueError:
+            data = None
+        if isinstance(data, dict) and "eventsource" in data:
+            add(env, data)
+        else:  # a slice of the data (segmentindex, or splitindex in legacy events)
+            index = env.get("segmentindex", env.get("splitindex", 0))
+            slices.setdefault(env["logicalid"], ({}, env))[0][index] = env["data"]
+    for parts, env in slices.values():
+        add(env, json.loads("".join(parts[i] for i in sorted(parts))))
+    return changes
+
+
 def record_versions(records):
-    """{source table: {(VLF, block, slot, sequence)}}: the distinct changes of records (an
-    event split into segments is joined first; its copies count once)."""
-    events = {}
-    for r in records:
-        env = json.loads(r)
-        events.setdefault(env["logicalid"], {})[env.get("segmentindex", 0)] = env["data"]
-    out = {}
-    for parts in events.values():
-        data = json.loads("".join(parts[i] for i in sorted(parts)))
-        src, txn = data["eventsource"], data["eventsource"]["transaction"]
-        lsn = tuple(int(p, 16) for p in txn["commitlsn"].split(":"))
-        out.setdefault(f'{src["schema"]}.{src["tbl"]}', set()).add(lsn + (txn["sequencenumber"],))
-    return out
+    """{table (lower case): {(VLF, block, slot, sequence)}}: the distinct changes of records."""
+    return {table: set(changes) for table, changes in record_changes(records).items()}
 
 
 def history_versions(db, qualified):

@@ -136,6 +136,8 @@ def test_soft_delete_through_the_daemon(tmp_path, db, broker, ces2pg):
     assert db.scalar("SELECT _ces_deleted_at FROM dbo.orders WHERE orderid = 1").isoformat() \
         == "2026-02-11T10:42:18.377000+00:00", "the mark is the event's commit time"
     assert db.query("SELECT * FROM dbo.customers") == [], "hard deletes elsewhere"
+    # Made with the table, so that no reader sees the table without it.
+    assert "adding the soft-delete column" not in d.log()
 
     # An older update of 1, resent after its delete: no change, still deleted.
     b.produce("ces", [order(1, "UPD", customer="old", txn=ins1)], partition=0)
@@ -380,3 +382,17 @@ def test_types_chosen_for_columns_and_values_that_do_not_convert(tmp_path, db):
                                      for r in reasons), reasons
     assert "'Created'" in reasons[0] and "'Payload'" in reasons[1], reasons
     assert db.scalar("SELECT count(*) FROM ces2pg.dead_letters WHERE class = 'type_conflict'") == 2
+
+
+def test_an_existing_table_gets_the_deleted_column(tmp_path, db):
+    db.query("CREATE SCHEMA dbo; CREATE TABLE dbo.orders (orderid integer PRIMARY KEY, "
+             "customer varchar(50)); INSERT INTO dbo.orders VALUES (1, 'loaded')")
+    n = 0x7700000
+    path = tmp_path / "e.jsonl"
+    write_records(path, [order(1, "DEL", customer="loaded", txn=(n, 1, True))])
+    rc, out, err = run_replay(db, [path], extra_config=rules_config(
+        '{ match = "dbo.orders"; deletes = "soft"; deleted_column = "gone_at"; }'))
+    assert rc == 0, err
+    assert "adding the soft-delete column" in err
+    assert db.query("SELECT orderid, customer, gone_at IS NOT NULL FROM dbo.orders") == \
+        [(1, "loaded", True)]
