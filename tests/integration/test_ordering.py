@@ -282,8 +282,18 @@ def stall_apply(db, trickle, window_s, lock_conn):
     tables (readers go on) until it has waited on the lock for twice the
     reorder window and the lagging partition has received 3 more chunks.
     Returns how many records that partition received meanwhile."""
-    with lock_conn.cursor() as cur:
-        cur.execute("LOCK TABLE dbo.accountsa, dbo.accountsb IN SHARE MODE")
+    def lock_both():
+        # Between two of ces2pg's transactions: a LOCK that waited would take the tables one by
+        # one, and deadlock with a batch holding one of them and wanting the other.
+        try:
+            with lock_conn.cursor() as cur:
+                cur.execute("LOCK TABLE dbo.accountsa, dbo.accountsb IN SHARE MODE NOWAIT")
+            return True
+        except psycopg2.errors.LockNotAvailable:
+            lock_conn.rollback()
+            return False
+
+    wait_until(lock_both, 30, interval=0.005, message="both account tables locked")
     try:
         with contextlib.closing(db.connect()) as conn:
             wait_until(lambda: ces2pg_waits_for_lock(conn) or trickle.done,
