@@ -35,6 +35,16 @@ def rules_config(*rules):
     return "schema = { tables = (\n" + ",\n".join(rules) + "\n); };\n"
 
 
+def replay_with_rules(tmp_path, db, records, *rules, name="r.jsonl"):
+    """Replays records with the rules; asserts the exit status 0; returns (dead letters,
+    stderr)."""
+    path = tmp_path / name
+    write_records(path, records)
+    rc, out, err = run_replay(db, [path], extra_config=rules_config(*rules))
+    assert rc == 0, err
+    return parse_replay_summary(out)[2], err
+
+
 def test_check_config_prints_the_rule_of_each_table(tmp_path):
     text = make_config(conninfo="host=127.0.0.1 port=1 dbname=x", broker="127.0.0.1:1",
                        extra_config=rules_config(
@@ -171,12 +181,9 @@ def test_a_source_column_named_like_the_deleted_column_is_refused(tmp_path, db):
     cols = [("OrderId", "int"), ("Gone", "datetime2")]
     rec = event_record("Orders", cols, {"OrderId": "1", "Gone": "2026-01-01 00:00:00"},
                        ["OrderId"])
-    path = tmp_path / "r.jsonl"
-    write_records(path, [rec])
-    rc, out, err = run_replay(db, [path], extra_config=rules_config(
-        '{ match = "dbo.orders"; deletes = "soft"; deleted_column = "gone"; }'))
-    assert rc == 0, err
-    assert parse_replay_summary(out)[2] == 1, out
+    dead, _ = replay_with_rules(tmp_path, db, [rec], '{ match = "dbo.orders"; deletes = "soft"; '
+                                'deleted_column = "gone"; }')
+    assert dead == 1
     assert [r["reason"] for r in dead_letters(db)] == [
         "name collision: source column 'Gone' maps to the soft-delete column 'gone' (choose "
         "another deleted_column in the table's rule)"]
@@ -296,13 +303,9 @@ def columns_of(db, qualified):
 def test_include_list_keeps_only_its_columns_as_new_ones_come(tmp_path, db):
     n = 0x7300000
     recs = [wide(1, (n, 1, True)), wide(2, (n + 1, 1, True), extra=(("Extra", "int"), "5"))]
-    path = tmp_path / "i.jsonl"
-    write_records(path, recs)
-    rc, out, err = run_replay(db, [path], extra_config=rules_config(
-        '{ match = "dbo.orders"; history = "also"; '
-        'columns = { include = ["orderid", "Customer"]; }; }'))
-    assert rc == 0, err
-    assert parse_replay_summary(out)[2] == 0, out
+    dead, _ = replay_with_rules(tmp_path, db, recs, '{ match = "dbo.orders"; history = "also"; '
+                                'columns = { include = ["orderid", "Customer"]; }; }')
+    assert dead == 0
     assert columns_of(db, "dbo.orders") == ["orderid", "customer", "_ces_lsn"]
     assert db.query("SELECT orderid, customer FROM dbo.orders ORDER BY 1") == \
         [(1, "c1"), (2, "c2")]
@@ -331,12 +334,9 @@ def test_exclude_and_rename_and_a_new_column(tmp_path, db, broker, ces2pg):
 
 def test_a_rule_that_leaves_out_the_key_is_refused(tmp_path, db):
     n = 0x7500000
-    path = tmp_path / "k.jsonl"
-    write_records(path, [wide(1, (n, 1, True)), wide(2, (n + 1, 1, True))])
-    rc, out, err = run_replay(db, [path], extra_config=rules_config(
-        '{ match = "dbo.orders"; columns = { exclude = ["OrderID"]; }; }'))
-    assert rc == 0, err
-    assert parse_replay_summary(out)[2] == 2, out
+    dead, err = replay_with_rules(tmp_path, db, [wide(1, (n, 1, True)), wide(2, (n + 1, 1, True))],
+                                  '{ match = "dbo.orders"; columns = { exclude = ["OrderID"]; }; }')
+    assert dead == 2
     reason = re.compile(r"the rule of line \d+ of schema.tables leaves out the key column "
                         r"'OrderId' \(changes are applied by key: include it, or keep a history "
                         r"only\)$")
@@ -361,13 +361,10 @@ def test_types_chosen_for_columns_and_values_that_do_not_convert(tmp_path, db):
             rec(2, "not json", "2026-02-11 10:42:18", 1),
             rec(3, "[]", "yesterday", 2),
             rec(4, "null", "2026-07-01T08:00", 3)]
-    path = tmp_path / "t.jsonl"
-    write_records(path, recs)
-    rc, out, err = run_replay(db, [path], extra_config=rules_config(
-        '{ match = "dbo.events"; history = "also"; columns = { types = ( '
-        '["payload", "jsonb"], ["Created", "timestamptz", "Europe/Berlin"] ); }; }'))
-    assert rc == 0, err
-    assert parse_replay_summary(out)[2] == 2, out
+    dead, _ = replay_with_rules(
+        tmp_path, db, recs, '{ match = "dbo.events"; history = "also"; columns = { types = ( '
+        '["payload", "jsonb"], ["Created", "timestamptz", "Europe/Berlin"] ); }; }')
+    assert dead == 2
     for table in ("dbo.events", "dbo.events_history"):
         types = dict(db.query("SELECT attname, format_type(atttypid, atttypmod) FROM pg_attribute "
                               "WHERE attrelid = %s::regclass AND attnum > 0", (table,)))
@@ -388,11 +385,9 @@ def test_an_existing_table_gets_the_deleted_column(tmp_path, db):
     db.query("CREATE SCHEMA dbo; CREATE TABLE dbo.orders (orderid integer PRIMARY KEY, "
              "customer varchar(50)); INSERT INTO dbo.orders VALUES (1, 'loaded')")
     n = 0x7700000
-    path = tmp_path / "e.jsonl"
-    write_records(path, [order(1, "DEL", customer="loaded", txn=(n, 1, True))])
-    rc, out, err = run_replay(db, [path], extra_config=rules_config(
-        '{ match = "dbo.orders"; deletes = "soft"; deleted_column = "gone_at"; }'))
-    assert rc == 0, err
+    _, err = replay_with_rules(tmp_path, db, [order(1, "DEL", customer="loaded", txn=(n, 1, True))],
+                               '{ match = "dbo.orders"; deletes = "soft"; '
+                               'deleted_column = "gone_at"; }')
     assert "adding the soft-delete column" in err
     assert db.query("SELECT orderid, customer, gone_at IS NOT NULL FROM dbo.orders") == \
         [(1, "loaded", True)]
