@@ -22,7 +22,8 @@ typedef struct {
     size_t sig_len;
     long *cols; /* upserts: target columns of the values, sorted */
     size_t ncols;
-    size_t nvalues;      /* per row: ncols (or the key columns), and the version when guarded */
+    size_t nvalues;      /* per row: ncols (or the key columns), the version when guarded, and a
+                          * soft delete's commit time */
     const char **values; /* nrows * nvalues, row after row; NULL is SQL NULL */
     int *lengths;
     size_t nrows;
@@ -296,7 +297,9 @@ ces_bulk_status_t ces_bulk_add(ces_bulk_t *b, ces_bulk_kind_t kind, ces_item_t *
     if (ces_bulk_reserve_signature(&b->sig, &b->sig_capacity, n) != 0)
         return CES_BULK_NOMEM;
     size_t sl = ces_bulk_signature(b->sig, b->sig_capacity, kind, t->id, cols, cols ? n : 0);
-    size_t nv = n + (guard ? 1 : 0);
+    /* A soft delete's row also carries the commit time it sets (NULL: now()). */
+    bool stamp = kind == CES_BULK_DELETE && ces_catalog_soft_deletes(t);
+    size_t nv = n + (guard ? 1 : 0) + (stamp ? 1 : 0);
     group_t *g = find_group(b, kind, generation, table, b->sig, sl, cols, n, nv);
     if (g == NULL || reserve_row(g) != 0)
         return CES_BULK_NOMEM;
@@ -315,6 +318,11 @@ ces_bulk_status_t ces_bulk_add(ces_bulk_t *b, ces_bulk_kind_t kind, ces_item_t *
             return CES_BULK_NOMEM;
         row_lengths[n] = (int)len;
         g->bytes += len;
+    }
+    if (stamp) {
+        row[nv - 1] = item->event.time;
+        row_lengths[nv - 1] = row[nv - 1] ? (int)strlen(row[nv - 1]) : 0;
+        g->bytes += (size_t)row_lengths[nv - 1];
     }
     g->nrows++;
     if (g->nrows >= CES_BULK_MAX_ROWS || g->bytes >= CES_BULK_MAX_BYTES)

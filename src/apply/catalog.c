@@ -30,6 +30,7 @@ struct ces_catalog_table_s {
     bool preserve_case;
     const char *version_column; /* reference to the catalog's */
     const char *deleted_column; /* the rule's soft-delete column (the configuration's); NULL */
+    char *deleted_quoted;       /* ... quoted for DDL */
     const char *history_template; /* the rule's history table (the configuration's); NULL */
     bool history_only;            /* no mirror: the history table alone */
     bool is_history;              /* this is a history table (another table's history) */
@@ -100,6 +101,7 @@ static void table_free(void *value, void *arg) {
     free(t->pg_table);
     free(t->source);
     free(t->source_mark);
+    free(t->deleted_quoted);
     table_free(t->history, NULL);
     free(t);
 }
@@ -411,6 +413,11 @@ static ces_catalog_table_t *table_new(ces_catalog_t *cat, const ces_session_t *s
     if (t == NULL)
         return NULL;
     t->deleted_column = rule.deleted_column;
+    if (t->deleted_column != NULL &&
+        (t->deleted_quoted = ces_session_quote(session, t->deleted_column)) == NULL) {
+        table_free(t, NULL);
+        return NULL;
+    }
     t->columns = rule.columns;
     t->rule_line = rule.line;
     t->history_template = rule.history_table;
@@ -478,18 +485,11 @@ static int table_first_load(ces_catalog_t *cat, ces_session_t *session, const ch
             t->absent_attempt = attempt;
             return -1;
         }
-        char *deleted = t->deleted_column ? ces_session_quote(session, t->deleted_column) : NULL;
-        if (t->deleted_column != NULL && deleted == NULL) {
-            ces_pgerr_set(e, CES_PGERR_FATAL, -1, NULL, "out of memory");
-            return -1;
-        }
         ces_pgcatalog_names_t names = {cat->preserve_case, cat->version_column,
                                        cat->lsn_guard && !t->is_history ? version_quoted : NULL,
-                                       t->is_history, deleted};
-        int rc = ces_pgcatalog_create(session, t->pg_schema, t->desc.qualified, &names, t->source,
-                                      ev, e);
-        free(deleted);
-        if (rc != 0)
+                                       t->is_history, t->deleted_quoted};
+        if (ces_pgcatalog_create(session, t->pg_schema, t->desc.qualified, &names, t->source, ev,
+                                 e) != 0)
             return ddl_failed(e);
         int created = table_load(cat, session, t, e);
         /* "Already exists" counted as another session's table, yet no table is there: another
@@ -514,14 +514,7 @@ static int table_first_load(ces_catalog_t *cat, ces_session_t *session, const ch
             return -1;
     }
     if (t->deleted_column != NULL && t->desc.deleted_col < 0) {
-        char *quoted = ces_session_quote(session, t->deleted_column);
-        if (quoted == NULL) {
-            ces_pgerr_set(e, CES_PGERR_FATAL, -1, NULL, "out of memory");
-            return -1;
-        }
-        int rc = ces_pgcatalog_add_deleted_column(session, t->desc.qualified, quoted, e);
-        free(quoted);
-        if (rc != 0)
+        if (ces_pgcatalog_add_deleted_column(session, t->desc.qualified, t->deleted_quoted, e) != 0)
             return ddl_failed(e);
         if (table_load(cat, session, t, e) < 0)
             return -1;

@@ -151,7 +151,7 @@ static int add_version_param(ces_sender_t *s, const ces_catalog_desc_t *t, const
 #define MISSING_KEY_VALUE "the event lacks a value for a primary key column of the target table"
 
 /* Sends a row statement of kind on the values s->values[0..n) of the columns cols (NULL for a
- * delete). */
+ * delete); a history row's values follow its own CES_CATALOG_HISTORY_NVALUES. */
 static int send_row(ces_sender_t *s, long idx, const ces_event_t *ev, ces_bulk_kind_t kind,
                     const ces_catalog_desc_t *t, const long *cols, size_t n) {
     if (ces_bulk_reserve_signature(&s->sig, &s->sig_capacity, n) != 0) {
@@ -163,7 +163,8 @@ static int send_row(ces_sender_t *s, long idx, const ces_event_t *ev, ces_bulk_k
         ces_prepared_get(s->prepared, s->inflight, s->metadata, s->sig, sl, idx, kind, t, cols, n);
     if (name == NULL)
         return -1;
-    int nparams = add_version_param(s, t, ev, n);
+    size_t nvalues = n + (kind == CES_BULK_ROW_HISTORY ? CES_CATALOG_HISTORY_NVALUES : 0);
+    int nparams = add_version_param(s, t, ev, nvalues);
     if (kind == CES_BULK_ROW_DELETE && ces_catalog_soft_deletes(t)) {
         s->values[nparams] = ev->time; /* the commit time a soft delete sets; NULL: now() */
         s->lengths[nparams++] = 0;
@@ -177,13 +178,6 @@ static int send_row(ces_sender_t *s, long idx, const ces_event_t *ev, ces_bulk_k
 static int send_delete(ces_sender_t *s, long idx, ces_item_t *item, ces_catalog_table_t *table,
                        const ces_field_t *image, size_t nimage, bool bulk, ces_reject_t *reject) {
     const ces_catalog_desc_t *t = ces_catalog_desc(table);
-    if (bulk && ces_catalog_soft_deletes(t)) {
-        /* No bulk soft deletes: row by row, after whatever waits for the key (the flush uses
-         * the scratch values). */
-        if (ces_sender_flush_bulk(s) != 0)
-            return -1;
-        bulk = false;
-    }
     if (reserve_scratch(s, t->npk + 2) != 0) /* the key, the version, a soft delete's time */
         return -1;
     for (size_t k = 0; k < t->npk; k++) {
@@ -266,6 +260,22 @@ static void recipe_keep(ces_sender_t *s, const ces_catalog_table_t *table, const
     s->recipe.n = n;
 }
 
+/* Column order decides the statement: sorts cols[0..n) (and their fields) by column index so that
+ * equal shapes share one (events list their columns in table order, so this is mostly one pass). */
+static void sort_by_column(long *cols, const ces_field_t **fields, size_t n) {
+    for (size_t i = 1; i < n; i++) {
+        long c = cols[i];
+        const ces_field_t *f = fields[i];
+        size_t j = i;
+        for (; j > 0 && cols[j - 1] > c; j--) {
+            cols[j] = cols[j - 1];
+            fields[j] = fields[j - 1];
+        }
+        cols[j] = c;
+        fields[j] = f;
+    }
+}
+
 static long upsert_columns(ces_sender_t *s, ces_catalog_table_t *table, const ces_event_t *ev,
                            ces_reject_t *reject) {
     const ces_catalog_desc_t *t = ces_catalog_desc(table);
@@ -300,19 +310,7 @@ static long upsert_columns(ces_sender_t *s, ces_catalog_table_t *table, const ce
         s->cols[n] = (long)t->pk[k];
         fields[n++] = f;
     }
-    /* Column order decides the statement: sort by column index so equal shapes share one (events
-     * list their columns in table order, so this is mostly one pass). */
-    for (size_t i = 1; i < n; i++) {
-        long c = s->cols[i];
-        const ces_field_t *f = fields[i];
-        size_t j = i;
-        for (; j > 0 && s->cols[j - 1] > c; j--) {
-            s->cols[j] = s->cols[j - 1];
-            fields[j] = fields[j - 1];
-        }
-        s->cols[j] = c;
-        fields[j] = f;
-    }
+    sort_by_column(s->cols, fields, n);
     recipe_keep(s, table, ev, n);
     return (long)n;
 }
@@ -389,15 +387,10 @@ static int send_history(ces_sender_t *s, long idx, ces_item_t *item, ces_catalog
         if (col < 0 || s->marks[col] == s->mark)
             continue; /* a duplicate after case folding: the first wins */
         s->marks[col] = s->mark;
-        /* In column order, so that equal shapes share one statement. */
-        size_t j = n++;
-        for (; j > 0 && s->cols[j - 1] > col; j--) {
-            s->cols[j] = s->cols[j - 1];
-            s->fields[j] = s->fields[j - 1];
-        }
-        s->cols[j] = col;
-        s->fields[j] = &image[i];
+        s->cols[n] = col;
+        s->fields[n++] = &image[i];
     }
+    sort_by_column(s->cols, s->fields, n);
     for (size_t i = 0; i < n; i++) {
         if (param_value(s, item, t, s->cols[i], s->fields[i], meta + i) != 0)
             return -1;
@@ -412,18 +405,7 @@ static int send_history(ces_sender_t *s, long idx, ces_item_t *item, ces_catalog
         s->values[i] = values[i];
         s->lengths[i] = 0;
     }
-    if (ces_bulk_reserve_signature(&s->sig, &s->sig_capacity, n) != 0)
-        return out_of_memory(s);
-    size_t sl = ces_bulk_signature(s->sig, s->sig_capacity, CES_BULK_ROW_HISTORY, t->id, s->cols,
-                                   n);
-    const char *name = ces_prepared_get(s->prepared, s->inflight, s->metadata, s->sig, sl, idx,
-                                        CES_BULK_ROW_HISTORY, t, s->cols, n);
-    if (name == NULL)
-        return -1;
-    return ces_inflight_sent(s->inflight,
-                             PQsendQueryPrepared(ces_inflight_conn(s->inflight), name,
-                                                 (int)(meta + n), s->values, s->lengths, NULL, 0),
-                             CES_INFLIGHT_ROW, idx);
+    return send_row(s, idx, ev, CES_BULK_ROW_HISTORY, t, s->cols, n);
 }
 
 /* The change itself, to the table's target table. */

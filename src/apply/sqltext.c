@@ -182,65 +182,79 @@ static void add_row_older(ces_strbuf_t *sql, const ces_sqltext_names_t *names, b
     ces_strbuf_add(sql, "::numeric)");
 }
 
-/* The key of the single-row statements: t.k1 = $1::cast AND ... */
-static void add_key_match(ces_strbuf_t *sql, const ces_catalog_desc_t *t) {
+/* The key: t.k1 = $1::cast AND ... (s.c1 for many rows). */
+static void add_key_match(ces_strbuf_t *sql, const ces_catalog_desc_t *t, bool bulk) {
     for (size_t k = 0; k < t->npk; k++) {
         ces_strbuf_add(sql, k ? " AND " : "");
         ces_strbuf_add(sql, "t.");
         ces_strbuf_add(sql, t->cols[t->pk[k]].quoted);
-        ces_strbuf_addf(sql, " = $%zu::", k + 1);
+        ces_strbuf_add(sql, " = ");
+        add_ref(sql, bulk, k + 1);
+        ces_strbuf_add(sql, "::");
         ces_strbuf_add(sql, t->cols[t->pk[k]].cast);
     }
 }
 
 /*
- * A soft delete (one row): the row stays, its deleted column is set to the commit time ($n+2, or
- * now() when the event has none) and, guarded, its version raised, when the row is older than the
- * event. The row itself then remembers the delete: an older change resent later finds a newer
- * version and changes nothing. Only a key with no row gets a tombstone, so that an older insert
- * cannot create the row the delete found absent.
+ * A soft delete: the row stays, its deleted column is set to the commit time (the value after the
+ * key and the version; now() when the event has none) and, guarded, its version raised, when the
+ * row is older than the event. The row itself then remembers the delete: an older change resent
+ * later finds a newer version and changes nothing. Only a key with no row gets a tombstone, so
+ * that an older insert cannot create the row the delete found absent.
  */
 static void add_soft_delete(ces_strbuf_t *sql, const ces_sqltext_names_t *names,
-                            const ces_catalog_desc_t *t) {
+                            const ces_catalog_desc_t *t, bool bulk) {
     bool guard = ces_catalog_guarded(t);
     size_t n = t->npk, version_ref = n + 1, time_ref = guard ? n + 2 : n + 1;
     size_t key_refs[t->npk + 1];
     for (size_t k = 0; k < n; k++)
         key_refs[k] = k + 1;
-    ces_strbuf_add(sql, guard ? "WITH marked AS (UPDATE " : "UPDATE ");
+    if (bulk) {
+        ces_strbuf_add(sql, "WITH s AS (SELECT * FROM ");
+        add_unnest(sql, time_ref);
+        ces_strbuf_add(sql, guard ? "), marked AS (UPDATE " : ") UPDATE ");
+    } else {
+        ces_strbuf_add(sql, guard ? "WITH marked AS (UPDATE " : "UPDATE ");
+    }
     ces_strbuf_add(sql, t->qualified);
     ces_strbuf_add(sql, " AS t SET ");
     ces_strbuf_add(sql, t->cols[t->deleted_col].quoted);
-    ces_strbuf_addf(sql, " = coalesce($%zu::timestamptz, now())", time_ref);
+    ces_strbuf_add(sql, " = coalesce(");
+    add_ref(sql, bulk, time_ref);
+    ces_strbuf_add(sql, "::timestamptz, now())");
     if (guard) {
         ces_strbuf_add(sql, ", ");
         ces_strbuf_add(sql, names->version);
-        ces_strbuf_addf(sql, " = $%zu::numeric", version_ref);
+        ces_strbuf_add(sql, " = ");
+        add_ref(sql, bulk, version_ref);
+        ces_strbuf_add(sql, "::numeric");
     }
-    ces_strbuf_add(sql, " WHERE ");
-    add_key_match(sql, t);
+    ces_strbuf_add(sql, bulk ? " FROM s WHERE " : " WHERE ");
+    add_key_match(sql, t, bulk);
     if (!guard)
         return;
-    add_row_older(sql, names, false, version_ref);
+    add_row_older(sql, names, bulk, version_ref);
     ces_strbuf_add(sql, " RETURNING 1) INSERT INTO ");
     ces_strbuf_add(sql, names->tombstones);
     ces_strbuf_addf(sql, " AS ts (relid, key, version) SELECT %u, ", t->oid);
-    add_key_array(sql, t, false, key_refs);
-    ces_strbuf_addf(sql, ", $%zu::numeric WHERE NOT EXISTS (SELECT FROM ", version_ref);
+    add_key_array(sql, t, bulk, key_refs);
+    ces_strbuf_add(sql, ", ");
+    add_ref(sql, bulk, version_ref);
+    ces_strbuf_add(sql, bulk ? "::numeric FROM s WHERE NOT EXISTS (SELECT FROM "
+                             : "::numeric WHERE NOT EXISTS (SELECT FROM ");
     ces_strbuf_add(sql, t->qualified);
     ces_strbuf_add(sql, " AS t WHERE ");
-    add_key_match(sql, t);
+    add_key_match(sql, t, bulk);
     ces_strbuf_add(sql, ") ON CONFLICT (relid, key) DO UPDATE SET version = EXCLUDED.version, "
                         "deleted_at = now() WHERE ts.version < EXCLUDED.version");
 }
 
 /* With the version guard, only a row older than the event goes, and the key's tombstone is raised
- * to the event's version either way. A table with soft deletes has no bulk deletes: its deletes go
- * row by row (the sender sends them so). */
+ * to the event's version either way. A table with soft deletes marks the row instead. */
 void ces_sqltext_delete(ces_strbuf_t *sql, const ces_sqltext_names_t *names,
                         const ces_catalog_desc_t *t, bool bulk) {
     if (ces_catalog_soft_deletes(t)) {
-        add_soft_delete(sql, names, t);
+        add_soft_delete(sql, names, t, bulk);
         return;
     }
     bool guard = ces_catalog_guarded(t);
@@ -264,16 +278,9 @@ void ces_sqltext_delete(ces_strbuf_t *sql, const ces_sqltext_names_t *names,
         ces_strbuf_add(sql, " ");
     }
     ces_strbuf_add(sql, "WHERE ");
-    for (size_t k = 0; k < n; k++) {
+    add_key_match(sql, t, bulk);
+    for (size_t k = 0; k < n; k++)
         key_refs[k] = k + 1;
-        ces_strbuf_add(sql, k ? " AND " : "");
-        ces_strbuf_add(sql, "t.");
-        ces_strbuf_add(sql, t->cols[t->pk[k]].quoted);
-        ces_strbuf_add(sql, " = ");
-        add_ref(sql, bulk, k + 1);
-        ces_strbuf_add(sql, "::");
-        ces_strbuf_add(sql, t->cols[t->pk[k]].cast);
-    }
     if (!guard)
         return;
     add_row_older(sql, names, bulk, version_ref);

@@ -147,3 +147,20 @@ def record_applied_changes(db, table="dbo.orders", key="orderid"):
                  RETURN NULL; END $$""")
     db.query(f"CREATE TRIGGER applied AFTER INSERT OR UPDATE ON {table}"
              " FOR EACH ROW EXECUTE FUNCTION public.applied()")
+
+
+def statement_sums(db, pattern, columns):
+    """Sums of pg_stat_statements columns (expressions) over the statements of this database whose
+    text matches pattern (SQL LIKE); it counts each execution as it ends."""
+    sums = ", ".join(f"coalesce(sum({c}), 0)" for c in columns)
+    db.server.sql("CREATE EXTENSION IF NOT EXISTS pg_stat_statements", dbname=db.name)
+    with db.connect() as conn, conn.cursor() as cur:
+        cur.execute(f"SELECT {sums} FROM pg_stat_statements s JOIN pg_database d "
+                    "ON d.oid = s.dbid WHERE d.datname = current_database() AND s.query LIKE %s",
+                    (pattern,))
+        return tuple(int(v) for v in cur.fetchone())
+
+
+def statement_calls(db, pattern):
+    """(calls, rows) of the statements of this database whose text matches pattern (SQL LIKE)."""
+    return statement_sums(db, pattern, ("calls", "rows"))

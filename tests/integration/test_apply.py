@@ -20,7 +20,7 @@ from harness.events import generate, read_records, write_records
 from harness.metrics import metric, scrape
 from harness.mockbroker import PacedProducer
 from harness.progress import dead_letters, wait_applied
-from harness.tables import assert_tables_match
+from harness.tables import assert_tables_match, statement_calls, statement_sums
 
 GROUP = "ces2pg-test"
 _lsn = [0x1000]
@@ -200,23 +200,6 @@ def test_rejected_value_dead_letters_only_its_event(tmp_path, db):
     assert sorted(bytes(d["payload"]) == bad for d in letters) == [False, True]
     assert all("SQLSTATE 22" in d["reason"] for d in letters), letters
     assert text_query(db, "SELECT count(*) FROM dbo.codes") == [(49,)]
-
-
-def statement_sums(db, pattern, columns):
-    """Sums of pg_stat_statements columns (expressions) over the statements of this database whose
-    text matches pattern (SQL LIKE); it counts each execution as it ends."""
-    sums = ", ".join(f"coalesce(sum({c}), 0)" for c in columns)
-    db.server.sql("CREATE EXTENSION IF NOT EXISTS pg_stat_statements", dbname=db.name)
-    with db.connect() as conn, conn.cursor() as cur:
-        cur.execute(f"SELECT {sums} FROM pg_stat_statements s JOIN pg_database d "
-                    "ON d.oid = s.dbid WHERE d.datname = current_database() AND s.query LIKE %s",
-                    (pattern,))
-        return tuple(int(v) for v in cur.fetchone())
-
-
-def statement_calls(db, pattern):
-    """(calls, rows) of the statements of this database whose text matches pattern (SQL LIKE)."""
-    return statement_sums(db, pattern, ("calls", "rows"))
 
 
 def test_row_changes_go_in_bulk_statements(tmp_path, db):

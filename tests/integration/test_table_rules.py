@@ -16,7 +16,7 @@ from harness.events import disorder, event_record, generate, read_records, write
 from harness.mockbroker import PacedProducer
 from harness.progress import dead_letters, read_offsets, wait_applied
 from harness.rules import assert_history_complete, forget_soft_deleted
-from harness.tables import assert_tables_match
+from harness.tables import assert_tables_match, statement_calls
 
 GROUP = "ces2pg-rules"
 
@@ -125,7 +125,7 @@ def test_soft_delete_through_the_daemon(tmp_path, db, broker, ces2pg):
     nothing; a delete of a key with no row keeps an older insert out; a key change marks the old
     key. Other tables keep hard deletes."""
     b = broker(partitions=1)
-    d = ces2pg(db, b, group=GROUP, apply_extra=('ordering = "partition";',),
+    d = ces2pg(db, b, group=GROUP, apply_extra=('ordering = "partition";',), log_level="debug",
                extra_config=rules_config('{ match = "dbo.Orders"; deletes = "soft"; }'))
     n = 0x7000000
 
@@ -173,6 +173,11 @@ def test_soft_delete_through_the_daemon(tmp_path, db, broker, ces2pg):
                           (4, "moved", False)]
     assert db.scalar("SELECT count(*) FROM ces2pg.tombstones") == 2, \
         "tombstones only for the hard-deleted row and the key with no row"
+    # Soft deletes go in bulk statements like other changes, and PostgreSQL takes them; only the
+    # key change goes row by row, as every key change does.
+    assert statement_calls(db, "WITH s AS (SELECT * FROM unnest(%_ces_deleted_at%")[0] >= 2
+    assert statement_calls(db, "WITH marked AS (UPDATE %")[0] == 1
+    assert "a bulk statement was rejected" not in d.log()
     assert dead_letters(db) == []
     assert d.terminate() == 0
 

@@ -216,7 +216,7 @@ static void upsert_partial_columns(void **state) {
 }
 
 /* A table with soft deletes (a rule): an insert or update clears the deleted column, a delete sets
- * it, row by row, and leaves a tombstone only for a key with no row. */
+ * it (one row or many), and leaves a tombstone only for a key with no row. */
 static void soft_deletes(void **state) {
     (void)state;
     static const column_spec_t cols[] = {
@@ -237,10 +237,13 @@ static void soft_deletes(void **state) {
     add_statement(&out, "the key alone, guarded", UPSERT, &f.desc, key_only, 1, false);
     add_statement(&out, "soft delete, guarded: $2 the version, $3 the commit time", DELETE,
                   &f.desc, NULL, 0, false);
+    add_statement(&out, "bulk soft delete, guarded: arrays of keys, versions and commit times",
+                  DELETE, &f.desc, NULL, 0, true);
     f.desc.version_col = -1;
     add_statement(&out, "upsert, unguarded", UPSERT, &f.desc, both, 2, false);
     add_statement(&out, "soft delete, unguarded: $2 the commit time", DELETE, &f.desc, NULL, 0,
                   false);
+    add_statement(&out, "bulk soft delete, unguarded", DELETE, &f.desc, NULL, 0, true);
     assert_false(out.failed);
     check_golden("soft_deletes.sql", out.buf);
     ces_strbuf_free(&out);
