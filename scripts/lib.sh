@@ -2,7 +2,7 @@
 
 # The Debian packages ces2pg builds and runs with.
 CES2PG_BUILD_PACKAGES="build-essential cmake pkg-config librdkafka-dev libpq-dev libyajl-dev
-  libavro-dev libconfig-dev libmicrohttpd-dev libsystemd-dev zlib1g-dev libcurl4-openssl-dev"
+  libavro-dev libconfig-dev libmicrohttpd-dev libsystemd-dev zlib1g-dev libcurl4-openssl-dev libssl-dev"
 # What the demo needs on top: a PostgreSQL server and the generator's Kafka client.
 CES2PG_DEMO_PACKAGES="postgresql-15 postgresql-client-15 python3 python3-confluent-kafka
   python3-psycopg2"

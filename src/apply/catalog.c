@@ -102,6 +102,7 @@ static void table_free(void *value, void *arg) {
     free(t->source);
     free(t->source_mark);
     free(t->deleted_quoted);
+    ces_mask_destroy(t->columns.hasher);
     table_free(t->history, NULL);
     free(t);
 }
@@ -403,6 +404,15 @@ static ces_catalog_table_t *table_make(ces_catalog_t *cat, const ces_session_t *
     return t;
 }
 
+/* Whether the rule masks a column by hash (and has the key to). */
+static bool needs_hasher(const ces_catalog_rule_t *rule) {
+    for (size_t i = 0; rule->mask_key != NULL && i < rule->columns.nmasks; i++) {
+        if (strcmp(rule->columns.masks[i], "hash") == 0)
+            return true;
+    }
+    return false;
+}
+
 /* The table of ev's source, as its rule (if any) says. */
 static ces_catalog_table_t *table_new(ces_catalog_t *cat, const ces_session_t *session,
                                       const ces_event_t *ev) {
@@ -419,6 +429,12 @@ static ces_catalog_table_t *table_new(ces_catalog_t *cat, const ces_session_t *s
         return NULL;
     }
     t->columns = rule.columns;
+    t->columns.hasher = NULL;
+    if (needs_hasher(&rule) &&
+        (t->columns.hasher = ces_mask_new(rule.mask_key, strlen(rule.mask_key))) == NULL) {
+        table_free(t, NULL);
+        return NULL;
+    }
     t->rule_line = rule.line;
     t->history_template = rule.history_table;
     t->history_only = rule.history_table != NULL && rule.history_only;
@@ -639,7 +655,7 @@ static int table_ready(ces_catalog_t *cat, ces_session_t *session, const char *v
                        ces_catalog_table_t *t, const ces_event_t *ev, uint64_t attempt,
                        ces_reject_t *reject, ces_pgerr_t *e);
 
-/* The rule's choice of ev's columns (columns.h). A rule that leaves a key column out refuses the
+/* The rule's choice of ev's columns (columns.h). A rule that leaves out or masks a key column refuses the
  * table: every event of it is a dead letter, and the configuration is to blame (logged once). A
  * value that does not convert to the type the rule chose makes its event a type conflict.
  * Returns 0, or -1 with *reject (or e, out of memory) set. */
@@ -667,9 +683,10 @@ static int choose_columns(ces_catalog_table_t *t, ces_event_t *ev, ces_arena_t *
     }
     if (t->refused.reason == NULL) {
         snprintf(t->refused_reason, sizeof(t->refused_reason),
-                 "the rule of line %d of schema.tables leaves out the key column '%.100s' "
-                 "(changes are applied by key: include it, or keep a history only)",
-                 t->rule_line, key);
+                 "the rule of line %d of schema.tables %s the key column '%.100s' "
+                 "(changes are applied by key: %s it, or keep a history only)",
+                 t->rule_line, rc == CES_COLUMNS_KEY_MASKED ? "masks" : "leaves out", key,
+                 rc == CES_COLUMNS_KEY_MASKED ? "do not mask" : "include");
         t->refused = (ces_reject_t){CES_DL_SCHEMA, t->refused_reason};
         ces_log_error("table %s.%s.%s: %s", ev->db, ev->schema, ev->table, t->refused_reason);
     }

@@ -77,7 +77,8 @@ typedef struct {
     const char *deleted_column; /* soft deletes: the column a delete sets; NULL: hard deletes */
     const char *history_table;  /* every change also appended there (a template); NULL: none */
     bool history_only;          /* the history table alone: no mirror table */
-    ces_columns_rule_t columns; /* which columns go, under which names */
+    ces_columns_rule_t columns; /* which columns go, under which names (hasher: the catalog's) */
+    const char *mask_key;       /* the key of hash masks (schema.mask_key_file's); NULL: none */
     int line;                   /* of the rule in the configuration, for messages */
 } ces_catalog_rule_t;
 

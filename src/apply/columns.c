@@ -11,7 +11,7 @@
 #include "format/types.h"
 
 bool ces_columns_any(const ces_columns_rule_t *r) {
-    return r->ninclude > 0 || r->nexclude > 0 || r->nrename > 0 || r->ntypes > 0;
+    return r->ninclude > 0 || r->nexclude > 0 || r->nrename > 0 || r->ntypes > 0 || r->nmasks > 0;
 }
 
 static bool listed(const char *const *names, size_t n, const char *name) {
@@ -44,6 +44,38 @@ static long typed(const ces_columns_rule_t *r, const char *name) {
             return (long)i;
     }
     return -1;
+}
+
+/* The index of the mask the rule gives the source column, or -1. */
+static long masked(const ces_columns_rule_t *r, const char *name) {
+    for (size_t i = 0; i < r->nmasks; i++) {
+        if (strcasecmp(r->mask_columns[i], name) == 0)
+            return (long)i;
+    }
+    return -1;
+}
+
+static bool hash_mask(const ces_columns_rule_t *r, size_t k) {
+    return strcmp(r->masks[k], "hash") == 0;
+}
+
+/* The value of a masked field (mask index k): its keyed hash (from arena), or NULL. Returns
+ * CES_COLUMNS_OK, or -1 when out of memory or the rule's owner made no hasher. */
+static int mask(const ces_columns_rule_t *r, size_t k, ces_field_t *f, ces_arena_t *arena) {
+    if (f->is_null)
+        return CES_COLUMNS_OK;
+    if (!hash_mask(r, k)) {
+        f->is_null = true;
+        f->value = NULL;
+        f->value_len = 0;
+        return CES_COLUMNS_OK;
+    }
+    char *v = ces_arena_alloc(arena, CES_MASK_HEX_LEN + 1);
+    if (v == NULL || r->hasher == NULL || ces_mask_hex(r->hasher, f->value, f->value_len, v) != 0)
+        return -1;
+    f->value = v;
+    f->value_len = CES_MASK_HEX_LEN;
+    return CES_COLUMNS_OK;
 }
 
 /* The type as the event carries it for the catalog (format/types.h). */
@@ -122,13 +154,13 @@ static int apply_fields(const ces_columns_rule_t *r, ces_field_t *fields, size_t
         if (!kept(r, fields[i].name))
             continue;
         fields[out] = fields[i];
-        long k = typed(r, fields[i].name);
-        if (k >= 0) {
-            int rc = convert(r, (size_t)k, &fields[out], arena);
-            if (rc != CES_COLUMNS_OK) {
-                *column = fields[i].name;
-                return rc;
-            }
+        long k = typed(r, fields[i].name), m = masked(r, fields[i].name);
+        int rc = k >= 0   ? convert(r, (size_t)k, &fields[out], arena)
+                 : m >= 0 ? mask(r, (size_t)m, &fields[out], arena)
+                          : CES_COLUMNS_OK;
+        if (rc != CES_COLUMNS_OK) {
+            *column = fields[i].name;
+            return rc;
         }
         const char *to = renamed(r, fields[i].name);
         if (to != NULL) {
@@ -144,9 +176,10 @@ static int apply_fields(const ces_columns_rule_t *r, ces_field_t *fields, size_t
 int ces_columns_apply(const ces_columns_rule_t *r, ces_event_t *ev, bool keys_needed,
                       ces_arena_t *arena, const char **column) {
     for (size_t i = 0; keys_needed && i < ev->npkkey; i++) {
-        if (!kept(r, ev->pkkey[i].name)) {
+        bool out = !kept(r, ev->pkkey[i].name);
+        if (out || masked(r, ev->pkkey[i].name) >= 0) {
             *column = ev->pkkey[i].name;
-            return CES_COLUMNS_KEY_LEFT_OUT;
+            return out ? CES_COLUMNS_KEY_LEFT_OUT : CES_COLUMNS_KEY_MASKED;
         }
     }
     size_t out = 0;
@@ -154,8 +187,10 @@ int ces_columns_apply(const ces_columns_rule_t *r, ces_event_t *ev, bool keys_ne
         if (!kept(r, ev->cols[i].name))
             continue;
         ev->cols[out] = ev->cols[i];
-        long k = typed(r, ev->cols[i].name);
-        const char *type = k >= 0 ? override_type(r->types[k]) : NULL;
+        long k = typed(r, ev->cols[i].name), m = masked(r, ev->cols[i].name);
+        const char *type = k >= 0                         ? override_type(r->types[k])
+                           : m >= 0 && hash_mask(r, (size_t)m) ? CES_TYPES_OVERRIDE_PREFIX "text"
+                                                               : NULL;
         if (type != NULL) {
             ev->cols[out].type = type;
             ev->cols[out].type_len = (uint32_t)strlen(type);
