@@ -103,7 +103,12 @@ static bool table_rule(void *opaque, const char *schema, const char *table,
                                                  (const char *const *)r->type_columns.items,
                                              .types = (const char *const *)r->types.items,
                                              .type_zones = (const char *const *)r->type_zones.items,
-                                             .ntypes = r->type_columns.count},
+                                             .ntypes = r->type_columns.count,
+                                             .mask_columns =
+                                                 (const char *const *)r->mask_columns.items,
+                                             .masks = (const char *const *)r->masks.items,
+                                             .nmasks = r->mask_columns.count},
+                                 .mask_key = c->schema_mask_key,
                                  .line = r->line};
     return true;
 }

@@ -51,7 +51,8 @@ void ces_config_destroy(ces_config_t *config) {
         else if (ces_config_keys[i].type == KEY_STRING_LIST)
             strlist_free(field);
     }
-    char *const secrets[] = {config->pg_password, config->identity_client_secret};
+    char *const secrets[] = {config->pg_password, config->identity_client_secret,
+                             config->schema_mask_key};
     for (size_t i = 0; i < sizeof(secrets) / sizeof(secrets[0]); i++) {
         if (secrets[i] != NULL)
             explicit_bzero(secrets[i], strlen(secrets[i]));
@@ -368,6 +369,38 @@ static int settle_postgres_password(ces_config_t *c, config_t *cfg, const char *
     return 0;
 }
 
+/* The shortest key schema.mask_key_file may hold: 128 bits as hexadecimal digits would be 32
+ * characters, but a passphrase of 16 is still far beyond guessing and RFC 2104 asks no more. */
+#define MASK_KEY_MIN 16
+
+/* schema.mask_key_file: the key of the rules' hash masks, which a rule that masks by hash needs. */
+static int settle_mask_key(ces_config_t *c, config_t *cfg, const char *file, char *errstr,
+                           size_t errstr_size) {
+    if (c->schema_mask_key_file == NULL) {
+        if (!ces_rules_hash_masks(&c->schema_tables))
+            return 0;
+        snprintf(errstr, errstr_size,
+                 "%s:%d: schema.tables: a rule masks a column by \"hash\", which needs "
+                 "schema.mask_key_file: a file of at least %d characters only ces2pg may read "
+                 "(openssl rand -hex 32 > mask.key; chmod 600 mask.key)",
+                 file, line_of(cfg, "schema.tables"), MASK_KEY_MIN);
+        return -1;
+    }
+    int line = line_of(cfg, "schema.mask_key_file");
+    c->schema_mask_key = ces_secret_read_file(file, line, "schema.mask_key_file",
+                                              c->schema_mask_key_file, errstr, errstr_size);
+    if (c->schema_mask_key == NULL)
+        return -1;
+    if (strlen(c->schema_mask_key) < MASK_KEY_MIN || !ces_secret_one_line(c->schema_mask_key)) {
+        snprintf(errstr, errstr_size,
+                 "%s:%d: schema.mask_key_file: the key must be one line of at least %d characters "
+                 "(the value is not shown; openssl rand -hex 32 makes one)",
+                 file, line, MASK_KEY_MIN);
+        return -1;
+    }
+    return 0;
+}
+
 /* The identity's names as identity/identity.h parses them (conf only checks the word, for the
  * file and line in the message). */
 static bool identity_source_known(const char *name) {
@@ -661,6 +694,7 @@ ces_config_status_t ces_config_load(const char *path, ces_config_mode_t mode, ce
     if (settle_kafka_security(c, &cfg, path, errstr, errstr_size) != 0 ||
         settle_group_instance_id(c, path, errstr, errstr_size) != 0 ||
         settle_postgres_password(c, &cfg, path, errstr, errstr_size) != 0 ||
+        settle_mask_key(c, &cfg, path, errstr, errstr_size) != 0 ||
         settle_entra(c, &cfg, path, errstr, errstr_size) != 0)
         goto done;
     if (mode == CES_CONFIG_DAEMON && c->kafka_topics.count == 0) {

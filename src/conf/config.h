@@ -102,6 +102,10 @@ typedef struct {
     ces_strlist_t schema_include; /* globs on "schema.table"; empty: every table */
     ces_strlist_t schema_exclude;
     ces_rules_t schema_tables; /* per-table rules (conf/rules.h); empty: the defaults for all */
+    /* schema.mask_key_file (relative paths are looked up in $CREDENTIALS_DIRECTORY when set) and
+     * the key read from it for the rules' hash masks (a secret: never printed or logged). */
+    char *schema_mask_key_file;
+    char *schema_mask_key;
     bool schema_auto_create;
     bool schema_auto_evolve;
 

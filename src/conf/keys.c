@@ -62,6 +62,7 @@ const ces_config_key_t ces_config_keys[] = {
     {"schema.metadata_schema", KEY_STRING, F(schema_metadata), "ces2pg", false, false, 0, 0, RESTART},
     {"schema.target", KEY_STRING, F(schema_target), "{schema}.{table}", false, false, 0, 0, RESTART},
     {"schema.identifier_case", KEY_STRING, F(schema_identifier_case), "lower", false, false, 0, 0, RESTART},
+    {"schema.mask_key_file", KEY_STRING, F(schema_mask_key_file), NULL, false, false, 0, 0, RESTART},
     {"schema.include", KEY_STRING_LIST, F(schema_include), NULL, false, false, 0, 0, RESTART},
     {"schema.exclude", KEY_STRING_LIST, F(schema_exclude), NULL, false, false, 0, 0, RESTART},
     {"schema.auto_create", KEY_BOOL, F(schema_auto_create), "true", false, false, 0, 0, RESTART},

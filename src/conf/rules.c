@@ -10,7 +10,7 @@
 
 /* The keys a rule may hold, for the message that refuses another. */
 #define RULE_KEYS "match, target, deletes, deleted_column, history, history_table, columns"
-#define COLUMNS_KEYS "include, exclude, rename, types"
+#define COLUMNS_KEYS "include, exclude, rename, types, mask"
 
 static void names_free(ces_rule_names_t *names) {
     for (size_t i = 0; i < names->count; i++)
@@ -31,6 +31,8 @@ void ces_rules_free(ces_rules_t *rules) {
         names_free(&rules->items[i].type_columns);
         names_free(&rules->items[i].types);
         names_free(&rules->items[i].type_zones);
+        names_free(&rules->items[i].mask_columns);
+        names_free(&rules->items[i].masks);
         free(rules->items[i].match);
         free(rules->items[i].target);
         free(rules->items[i].deleted_column);
@@ -117,26 +119,43 @@ static bool names_have(const ces_rule_names_t *names, const char *name) {
     return false;
 }
 
+/* A list of pairs (s, as rename and mask hold) about to be read into firsts and seconds, which
+ * get room for *n items each. Returns 0, or -1 with errstr set (shape says what s must be). */
+static int pairs_new(config_setting_t *s, ces_rule_names_t *firsts, ces_rule_names_t *seconds,
+                     size_t *n, const char *path, const char *shape, char *errstr,
+                     size_t errstr_size) {
+    if (config_setting_type(s) != CONFIG_TYPE_LIST)
+        return refuse(errstr, errstr_size, path, config_setting_source_line(s), "columns: ", shape);
+    *n = (size_t)config_setting_length(s);
+    firsts->items = calloc(*n + 1, sizeof(char *));
+    seconds->items = calloc(*n + 1, sizeof(char *));
+    if (firsts->items == NULL || seconds->items == NULL) {
+        snprintf(errstr, errstr_size, "%s: out of memory", path);
+        return -1;
+    }
+    return 0;
+}
+
+/* The two non-empty strings of pair i of s; false when it is not such a pair. */
+static bool pair_at(config_setting_t *s, size_t i, const char **first, const char **second) {
+    config_setting_t *pair = config_setting_get_elem(s, (unsigned)i);
+    *first = config_setting_get_string_elem(pair, 0);
+    *second = config_setting_get_string_elem(pair, 1);
+    return config_setting_length(pair) == 2 && *first != NULL && *second != NULL &&
+           (*first)[0] != '\0' && (*second)[0] != '\0';
+}
+
 /* rename = ( ["Source", "target"], ... ) into r. Returns 0, or -1 with errstr set. */
 static int read_renames(ces_rule_t *r, config_setting_t *s, const char *path, char *errstr,
                         size_t errstr_size) {
     int line = config_setting_source_line(s);
     const char *shape = "rename is a list of pairs: rename = ( [\"Source\", \"new_name\"] );";
-    if (config_setting_type(s) != CONFIG_TYPE_LIST)
-        return refuse(errstr, errstr_size, path, line, "columns: ", shape);
-    size_t n = (size_t)config_setting_length(s);
-    r->rename_from.items = calloc(n + 1, sizeof(char *));
-    r->rename_to.items = calloc(n + 1, sizeof(char *));
-    if (r->rename_from.items == NULL || r->rename_to.items == NULL) {
-        snprintf(errstr, errstr_size, "%s: out of memory", path);
+    size_t n;
+    if (pairs_new(s, &r->rename_from, &r->rename_to, &n, path, shape, errstr, errstr_size) != 0)
         return -1;
-    }
     for (size_t i = 0; i < n; i++) {
-        config_setting_t *pair = config_setting_get_elem(s, (unsigned)i);
-        const char *from = config_setting_get_string_elem(pair, 0);
-        const char *to = config_setting_get_string_elem(pair, 1);
-        if (config_setting_length(pair) != 2 || from == NULL || to == NULL || from[0] == '\0' ||
-            to[0] == '\0')
+        const char *from, *to;
+        if (!pair_at(s, i, &from, &to))
             return refuse(errstr, errstr_size, path, line, "columns: ", shape);
         if (strlen(to) > 63)
             return refuse(errstr, errstr_size, path, line, "columns: ",
@@ -219,13 +238,48 @@ static int read_types(ces_rule_t *r, config_setting_t *s, const char *path, char
     return 0;
 }
 
+/* mask = ( ["Email", "hash"], ["Notes", "null"] ) into r. Returns 0, or -1 with errstr set. */
+static int read_masks(ces_rule_t *r, config_setting_t *s, const char *path, char *errstr,
+                      size_t errstr_size) {
+    int line = config_setting_source_line(s);
+    const char *shape = "mask is a list of pairs: mask = ( [\"Email\", \"hash\"], [\"Notes\", "
+                        "\"null\"] ); \"hash\" is a keyed hash (schema.mask_key_file), \"null\" "
+                        "leaves the column empty";
+    size_t n;
+    if (pairs_new(s, &r->mask_columns, &r->masks, &n, path, shape, errstr, errstr_size) != 0)
+        return -1;
+    for (size_t i = 0; i < n; i++) {
+        const char *column, *how;
+        if (!pair_at(s, i, &column, &how) || (strcmp(how, "hash") != 0 && strcmp(how, "null") != 0))
+            return refuse(errstr, errstr_size, path, line, "columns: ", shape);
+        if (names_have(&r->mask_columns, column))
+            return refuse(errstr, errstr_size, path, line, "columns: ",
+                          "a column is masked twice");
+        if (names_add(&r->mask_columns, column) != 0 || names_add(&r->masks, how) != 0) {
+            snprintf(errstr, errstr_size, "%s: out of memory", path);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+bool ces_rules_hash_masks(const ces_rules_t *rules) {
+    for (size_t i = 0; i < rules->count; i++) {
+        for (size_t k = 0; k < rules->items[i].masks.count; k++) {
+            if (strcmp(rules->items[i].masks.items[k], "hash") == 0)
+                return true;
+        }
+    }
+    return false;
+}
+
 /* Whether the column goes under r's include and exclude lists. */
 static bool goes(const ces_rule_t *r, const char *column) {
     return (r->include.count == 0 || names_have(&r->include, column)) &&
            !names_have(&r->exclude, column);
 }
 
-/* columns = { include = [...]; exclude = [...]; rename = (...); types = (...); } into r. Returns 0, or -1 with
+/* columns = { include = [...]; exclude = [...]; rename = (...); types = (...); mask = (...); } into r. Returns 0, or -1 with
  * errstr set. */
 static int read_columns(ces_rule_t *r, config_setting_t *g, const char *path, char *errstr,
                         size_t errstr_size) {
@@ -245,6 +299,8 @@ static int read_columns(ces_rule_t *r, config_setting_t *g, const char *path, ch
             rc = read_renames(r, s, path, errstr, errstr_size);
         else if (strcmp(name, "types") == 0)
             rc = read_types(r, s, path, errstr, errstr_size);
+        else if (strcmp(name, "mask") == 0)
+            rc = read_masks(r, s, path, errstr, errstr_size);
         else {
             snprintf(errstr, errstr_size,
                      "%s:%d: schema.tables: unknown key '%s' in columns (columns hold: " COLUMNS_KEYS
@@ -268,6 +324,14 @@ static int read_columns(ces_rule_t *r, config_setting_t *g, const char *path, ch
             return refuse(errstr, errstr_size, path, line, "columns: ",
                           "a column given a type must be one that goes (in include, not in "
                           "exclude)");
+    }
+    for (size_t i = 0; i < r->mask_columns.count; i++) {
+        if (!goes(r, r->mask_columns.items[i]))
+            return refuse(errstr, errstr_size, path, line, "columns: ",
+                          "a masked column must be one that goes (in include, not in exclude)");
+        if (names_have(&r->type_columns, r->mask_columns.items[i]))
+            return refuse(errstr, errstr_size, path, line, "columns: ",
+                          "a masked column cannot also be given a type (a hash is text)");
     }
     return 0;
 }
@@ -503,6 +567,9 @@ static void describe_columns(FILE *out, const ces_rule_t *r) {
         fprintf(out, "%s%s as %s%s%s", i ? ", " : ", typing ", r->type_columns.items[i],
                 r->types.items[i], r->type_zones.items[i][0] ? " at " : "",
                 r->type_zones.items[i]);
+    for (size_t i = 0; i < r->mask_columns.count; i++)
+        fprintf(out, "%s%s %s", i ? ", " : ", masking ", r->mask_columns.items[i],
+                strcmp(r->masks.items[i], "hash") == 0 ? "by keyed hash" : "as NULL");
 }
 
 void ces_rules_describe(FILE *out, const ces_rules_t *rules, const char *default_target) {

@@ -11,7 +11,8 @@
  * table (`history`: "off", "also" beside the mirror, "only" instead of it; `history_table`, a
  * template like target's, default "{schema}.{table}_history"), and which columns go under which
  * names (`columns = { include = [...]; exclude = [...]; rename = ( ["Source", "target"] );
- * types = ( ["Payload", "jsonb"], ["Created", "timestamptz", "Europe/Berlin"] ); }`).
+ * types = ( ["Payload", "jsonb"], ["Created", "timestamptz", "Europe/Berlin"] );
+ * mask = ( ["Email", "hash"], ["Notes", "null"] ); }`).
  * Every key a rule may hold is known here: anything else is an error, never ignored. docs/semantics.md ("Per-table rules") states the guarantees.
  */
 #ifndef CES_RULES_H
@@ -56,6 +57,9 @@ typedef struct {
     /* columns.types: source columns given another PostgreSQL type (jsonb, json, timestamptz) and,
      * for timestamptz, the zone their local times are in ("" for the others). */
     ces_rule_names_t type_columns, types, type_zones;
+    /* columns.mask: source columns whose values are masked, and how: "hash" (HMAC-SHA256 under
+     * schema.mask_key_file, as text) or "null". */
+    ces_rule_names_t mask_columns, masks;
     int line;             /* of the rule in the configuration file */
 } ces_rule_t;
 
@@ -76,6 +80,9 @@ int ces_rules_check(const ces_rules_t *rules, const char *version_column, const 
                     char *errstr, size_t errstr_size) __attribute__((warn_unused_result));
 
 void ces_rules_free(ces_rules_t *rules); /* accepts NULL; leaves *rules empty */
+
+/* Whether a rule masks a column by keyed hash (which needs schema.mask_key_file). */
+bool ces_rules_hash_masks(const ces_rules_t *rules);
 
 /* The rule of the source table schema.table, or NULL when none matches (the defaults). The rule
  * is rules'. */

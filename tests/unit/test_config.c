@@ -2,6 +2,7 @@
 #include "test_util.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "conf/config.h"
@@ -368,9 +369,10 @@ static void table_rule_mistakes_are_errors(void **state) {
                             "schema = { tables = (\n { match = \"dbo.a\"; deletes = \"soft\"; "
                             "deleted_column = \"v\"; }\n); };\n",
                  CES_CONFIG_DAEMON, "5:", "deleted_column may not be the version column");
-    expect_error(RULES_BASE "schema = { tables = (\n { match = \"dbo.a\"; columns = { mask = [\"C\"]; "
+    expect_error(RULES_BASE "schema = { tables = (\n { match = \"dbo.a\"; columns = { hide = [\"C\"]; "
                             "}; }\n); };\n",
-                 CES_CONFIG_DAEMON, "4:", "unknown key 'mask' in columns (columns hold: include, exclude, rename, types)");
+                 CES_CONFIG_DAEMON, "4:",
+                 "unknown key 'hide' in columns (columns hold: include, exclude, rename, types, mask)");
     expect_error(RULES_BASE "schema = { tables = (\n { match = \"dbo.a\"; columns = { include = "
                             "[\"A\"]; exclude = [\"B\"]; }; }\n); };\n",
                  CES_CONFIG_DAEMON, "4:", "give include or exclude, not both");
@@ -411,6 +413,83 @@ static void table_rule_mistakes_are_errors(void **state) {
     unlink(path);
 }
 
+/* A key file for schema.mask_key_file holding text, with mode; its path in key_path. */
+static char key_path[64];
+static void write_key(const char *text, mode_t mode) {
+    strcpy(key_path, "/tmp/ces2pg-key-XXXXXX");
+    int fd = mkstemp(key_path);
+    assert_true(fd >= 0);
+    assert_int_equal(write(fd, text, strlen(text)), (ssize_t)strlen(text));
+    assert_int_equal(fchmod(fd, mode), 0);
+    close(fd);
+}
+
+/* columns.mask: its shape, what it may not be combined with, and the key a hash needs, read from
+ * a private file and never quoted. */
+static void masks_and_their_key(void **state) {
+    (void)state;
+    char text[1024];
+#define MASK_RULE(masks) RULES_BASE "schema = { tables = (\n { match = \"dbo.a\"; columns = { " masks " }; }\n); };\n"
+    expect_error(MASK_RULE("mask = [\"C\"];"), CES_CONFIG_DAEMON, "4:", "mask is a list of pairs");
+    expect_error(MASK_RULE("mask = ( [\"C\", \"md5\"] );"), CES_CONFIG_DAEMON, "4:",
+                 "\"hash\" is a keyed hash (schema.mask_key_file)");
+    expect_error(MASK_RULE("mask = ( [\"C\", \"null\"], [\"c\", \"hash\"] );"), CES_CONFIG_DAEMON,
+                 "4:", "a column is masked twice");
+    expect_error(MASK_RULE("exclude = [\"C\"]; mask = ( [\"c\", \"null\"] );"), CES_CONFIG_DAEMON,
+                 "4:", "a masked column must be one that goes");
+    expect_error(MASK_RULE("mask = ( [\"C\", \"null\"] ); types = ( [\"c\", \"jsonb\"] );"),
+                 CES_CONFIG_DAEMON, "4:", "a masked column cannot also be given a type");
+    expect_error(MASK_RULE("mask = ( [\"C\", \"hash\"] );"), CES_CONFIG_DAEMON, "3:",
+                 "a rule masks a column by \"hash\", which needs schema.mask_key_file");
+
+    const char *secret = "0123456789abcdef-never-shown";
+    write_key(secret, 0644);
+    snprintf(text, sizeof(text),
+             RULES_BASE "schema = { mask_key_file = \"%s\"; tables = (\n { match = \"dbo.a\"; "
+                        "columns = { mask = ( [\"C\", \"hash\"] ); }; }\n); };\n",
+             key_path);
+    ces_config_t *c = NULL;
+    char err[512];
+    write_config(text);
+    assert_int_equal(ces_config_load(path, CES_CONFIG_DAEMON, &c, err, sizeof(err)), CES_CONFIG_ERROR);
+    assert_non_null(strstr(err, "readable by its group or others"));
+    assert_null(strstr(err, "never-shown"));
+    unlink(key_path);
+    unlink(path);
+
+    write_key("short\n", 0600);
+    snprintf(text, sizeof(text), RULES_BASE "schema = { mask_key_file = \"%s\"; };\n", key_path);
+    write_config(text);
+    assert_int_equal(ces_config_load(path, CES_CONFIG_DAEMON, &c, err, sizeof(err)), CES_CONFIG_ERROR);
+    assert_non_null(strstr(err, "schema.mask_key_file: the key must be one line of at least 16"));
+    assert_null(strstr(err, "short"));
+    unlink(key_path);
+    unlink(path);
+
+    write_key("0123456789abcdef-never-shown\n", 0600);
+    snprintf(text, sizeof(text),
+             RULES_BASE "schema = { mask_key_file = \"%s\"; tables = (\n { match = \"dbo.a\"; "
+                        "columns = { mask = ( [\"C\", \"hash\"], [\"D\", \"null\"] ); }; }\n); };\n",
+             key_path);
+    write_config(text);
+    assert_int_equal(ces_config_load(path, CES_CONFIG_DAEMON, &c, err, sizeof(err)), CES_CONFIG_OK);
+    assert_string_equal(c->schema_mask_key, secret);
+    const ces_rule_t *r = ces_rules_match(&c->schema_tables, "dbo", "a");
+    assert_int_equal(r->mask_columns.count, 2);
+    assert_string_equal(r->masks.items[1], "null");
+    char *described = NULL;
+    size_t described_len = 0;
+    FILE *out = open_memstream(&described, &described_len);
+    ces_rules_describe(out, &c->schema_tables, "{schema}.{table}");
+    fclose(out);
+    assert_non_null(strstr(described, "masking C by keyed hash, D as NULL"));
+    free(described);
+    ces_config_destroy(c);
+    unlink(key_path);
+    unlink(path);
+#undef MASK_RULE
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(loads_valid_file_with_defaults),
@@ -422,6 +501,7 @@ int main(void) {
         cmocka_unit_test(checks_name_the_line_of_their_key),
         cmocka_unit_test(table_rules_match_in_order),
         cmocka_unit_test(table_rule_mistakes_are_errors),
+        cmocka_unit_test(masks_and_their_key),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
