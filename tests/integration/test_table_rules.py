@@ -4,7 +4,10 @@ changes are kept in a history table; tables no rule matches get the defaults.
 --check-config prints the effective rule of every table it can name, and a
 rule it cannot follow is a configuration error (exit 78)."""
 
+import hashlib
+import hmac
 import json
+import os
 import re
 
 import pytest
@@ -31,8 +34,9 @@ def order(i, op="INS", customer=None, table="Orders", schema="dbo", txn=None):
     return event_record(table, ORDER_COLS, values, ["OrderId"], op=op, schema=schema, txn=txn)
 
 
-def rules_config(*rules):
-    return "schema = { tables = (\n" + ",\n".join(rules) + "\n); };\n"
+def rules_config(*rules, mask_key_file=None):
+    key = f'mask_key_file = "{mask_key_file}"; ' if mask_key_file else ""
+    return "schema = { " + key + "tables = (\n" + ",\n".join(rules) + "\n); };\n"
 
 
 def replay_with_rules(tmp_path, db, records, *rules, name="r.jsonl"):
@@ -396,3 +400,138 @@ def test_an_existing_table_gets_the_deleted_column(tmp_path, db):
     assert "adding the soft-delete column" in err
     assert db.query("SELECT orderid, customer, gone_at IS NOT NULL FROM dbo.orders") == \
         [(1, "loaded", True)]
+
+
+# --------------------------------------------------------------------------
+# masks
+# --------------------------------------------------------------------------
+
+MASK_KEY = "k3y-0f-the-m4sks-never-logged"
+PEOPLE_COLS = [("Id", "int"), ("Email", "nvarchar(200)"), ("Notes", "nvarchar(max)")]
+
+
+def mask_key_file(tmp_path):
+    path = tmp_path / "mask.key"
+    path.write_text(MASK_KEY + "\n")
+    os.chmod(path, 0o600)
+    return str(path)
+
+
+def masked(value):
+    return hmac.new(MASK_KEY.encode(), value.encode(), hashlib.sha256).hexdigest()
+
+
+def person(i, email, txn, table="People", op="INS", extra=None):
+    cols = PEOPLE_COLS + ([extra[0]] if extra else [])
+    values = {"Id": str(i), "Email": email, "Notes": f"private {i}"}
+    if extra:
+        values[extra[0][0]] = extra[1]
+    if op == "DEL":
+        return event_record(table, cols, {}, ["Id"], op="DEL", old=values, txn=txn)
+    return event_record(table, cols, values, ["Id"], op=op, txn=txn)
+
+
+PEOPLE_MASKS = ('{ match = "dbo.*"; history = "also"; columns = { mask = ( ["Email", "hash"], '
+                '["notes", "null"], ["Phone", "hash"] ); }; }')
+
+
+def test_check_config_shows_masks_and_never_the_key(tmp_path):
+    key = mask_key_file(tmp_path)
+    text = make_config(conninfo="host=127.0.0.1 port=1 dbname=x", broker="127.0.0.1:1",
+                       extra_config=rules_config(PEOPLE_MASKS, mask_key_file=key))
+    rc, out, err = run_ces2pg(["--check-config", "-c", write_config(tmp_path, text)])
+    assert rc == 0, err
+    assert "masking Email by keyed hash, notes as NULL, Phone by keyed hash" in out, out
+    assert MASK_KEY not in out + err
+    # Without the key a hash mask cannot be made: a configuration error, not NULLs.
+    text = make_config(conninfo="host=127.0.0.1 port=1 dbname=x", broker="127.0.0.1:1",
+                       extra_config=rules_config(PEOPLE_MASKS))
+    rc, out, err = run_ces2pg(["--check-config", "-c", write_config(tmp_path, text)])
+    assert rc == EX_CONFIG, (rc, out, err)
+    assert "a rule masks a column by \"hash\", which needs schema.mask_key_file" in err, err
+
+
+def test_masked_columns_are_stable_across_restarts_and_joinable(tmp_path, db, broker, ces2pg):
+    """Through the daemon: a hash mask writes HMAC-SHA256 under the key (as text), equal values
+    give equal masks in two tables and across a restart, a null mask writes NULL, the history
+    keeps the masked image, a masked column that appears later is masked too, and neither the
+    key nor a masked value reaches the log or PostgreSQL."""
+    key = mask_key_file(tmp_path)
+    config = rules_config(PEOPLE_MASKS, mask_key_file=key)
+    b = broker(partitions=1)
+    n = 0x7800000
+    d = ces2pg(db, b, group=GROUP, extra_config=config, log_level="debug")
+    b.produce("ces", [person(1, "ann@example.com", (n, 1, True)),
+                      person(2, "bob@example.com", (n + 1, 1, True)),
+                      person(1, "ann@example.com", (n + 2, 1, True), table="Contacts"),
+                      person(2, "bob@example.com", (n + 3, 1, True), op="DEL")], partition=0)
+    wait_applied(db, GROUP, {0: 4}, daemons=[d])
+    first_log = d.log()
+    assert d.terminate() == 0
+
+    d = ces2pg(db, b, group=GROUP, extra_config=config, log_level="debug")
+    b.produce("ces", [person(3, "ann@example.com", (n + 4, 1, True)),
+                      person(4, "cy@example.com", (n + 5, 1, True),
+                             extra=(("Phone", "varchar(20)"), "+49 30 1234"))], partition=0)
+    wait_applied(db, GROUP, {0: 6}, daemons=[d])
+    assert d.terminate() == 0
+
+    types = dict(db.query("SELECT attname, format_type(atttypid, atttypmod) FROM pg_attribute "
+                          "WHERE attrelid = 'dbo.people'::regclass AND attnum > 0"))
+    assert (types["email"], types["notes"], types["phone"]) == ("text", "text", "text"), types
+    assert db.query("SELECT id, email, notes, phone FROM dbo.people ORDER BY id") == [
+        (1, masked("ann@example.com"), None, None),
+        (3, masked("ann@example.com"), None, None),
+        (4, masked("cy@example.com"), None, masked("+49 30 1234"))]
+    # Joinable: the same value in another table has the same mask.
+    assert db.scalar("SELECT count(*) FROM dbo.people p JOIN dbo.contacts c USING (email)") == 2
+    # The history holds the masked images, the delete's (its old image) too.
+    assert db.query("SELECT id, _ces_operation, email, notes FROM dbo.people_history "
+                    "ORDER BY _ces_version") == [
+        (1, "INS", masked("ann@example.com"), None), (2, "INS", masked("bob@example.com"), None),
+        (2, "DEL", masked("bob@example.com"), None), (3, "INS", masked("ann@example.com"), None),
+        (4, "INS", masked("cy@example.com"), None)]
+    logs = first_log + d.log()
+    assert "creating table \"dbo\".\"people\"" in logs  # (the logs are there to search)
+    for secret in (MASK_KEY, "ann@example.com", "private 1", "+49 30 1234"):
+        assert secret not in logs, secret
+    dump = json.dumps(db.query("SELECT * FROM dbo.people_history"), default=str)
+    assert "example.com" not in dump and "private" not in dump
+    assert dead_letters(db) == []
+
+
+def test_a_rule_that_masks_the_key_is_refused(tmp_path, db):
+    n = 0x7900000
+    recs = [person(1, "a@x", (n, 1, True)), person(2, "b@x", (n + 1, 1, True))]
+    path = tmp_path / "r.jsonl"
+    write_records(path, recs)
+    rc, out, err = run_replay(db, [path], extra_config=rules_config(
+        '{ match = "dbo.people"; columns = { mask = ( ["ID", "null"] ); }; }'))
+    assert rc == 0, err
+    assert parse_replay_summary(out)[2] == 2
+    reasons = [r["reason"] for r in dead_letters(db)]
+    assert len(reasons) == 2 and all(re.match(
+        r"the rule of line \d+ of schema.tables masks the key column 'Id' \(changes are applied "
+        r"by key: do not mask it, or keep a history only\)$", r) for r in reasons), reasons
+    assert db.scalar("SELECT to_regclass('dbo.people')") is None
+
+
+def test_a_mask_into_an_existing_column(tmp_path, db):
+    """An existing column keeps its type: a mask fits a text-like column, and one it does not
+    fit is a type conflict, never a value written another way."""
+    db.query("CREATE SCHEMA dbo; CREATE TABLE dbo.people (id integer PRIMARY KEY, "
+             "email varchar(100), notes text); CREATE TABLE dbo.contacts (id integer PRIMARY "
+             "KEY, email bigint, notes text)")
+    n = 0x7A00000
+    recs = [person(1, "ann@example.com", (n, 1, True)),
+            person(1, "ann@example.com", (n + 1, 1, True), table="Contacts")]
+    path = tmp_path / "r.jsonl"
+    write_records(path, recs)
+    rc, out, err = run_replay(db, [path], extra_config=rules_config(
+        PEOPLE_MASKS, mask_key_file=mask_key_file(tmp_path)))
+    assert rc == 0, err
+    assert db.query("SELECT id, email, notes FROM dbo.people") == \
+        [(1, masked("ann@example.com"), None)]
+    assert db.query("SELECT class, source_table FROM ces2pg.dead_letters") == \
+        [("type_conflict", "dbo.Contacts")]
+    assert db.scalar("SELECT count(*) FROM dbo.contacts") == 0
