@@ -22,8 +22,8 @@ typedef struct {
     size_t sig_len;
     long *cols; /* upserts: target columns of the values, sorted */
     size_t ncols;
-    size_t nvalues;      /* per row: ncols (or the key columns), the version when guarded, and a
-                          * soft delete's commit time */
+    size_t nvalues;      /* per row: a history row's own values, ncols (or the key columns), the
+                          * version when guarded, and a soft delete's commit time */
     const char **values; /* nrows * nvalues, row after row; NULL is SQL NULL */
     int *lengths;
     size_t nrows;
@@ -299,17 +299,19 @@ ces_bulk_status_t ces_bulk_add(ces_bulk_t *b, ces_bulk_kind_t kind, ces_item_t *
     size_t sl = ces_bulk_signature(b->sig, b->sig_capacity, kind, t->id, cols, cols ? n : 0);
     /* A soft delete's row also carries the commit time it sets (NULL: now()). */
     bool stamp = kind == CES_BULK_DELETE && ces_catalog_soft_deletes(t);
-    size_t nv = n + (guard ? 1 : 0) + (stamp ? 1 : 0);
+    size_t own = kind == CES_BULK_HISTORY ? CES_CATALOG_HISTORY_NVALUES : 0;
+    size_t nv = own + n + (guard ? 1 : 0) + (stamp ? 1 : 0);
     group_t *g = find_group(b, kind, generation, table, b->sig, sl, cols, n, nv);
     if (g == NULL || reserve_row(g) != 0)
         return CES_BULK_NOMEM;
     const char **row = g->values + g->nrows * nv;
     int *row_lengths = g->lengths + g->nrows * nv;
-    for (size_t j = 0; j < n; j++) {
+    for (size_t j = 0; j < own + n; j++) {
         row[j] = values[j];
         row_lengths[j] = row[j] ? lengths[j] : 0;
         g->bytes += (size_t)row_lengths[j];
     }
+    n += own;
     if (guard) {
         char version[64];
         ces_version_format(&item->event.version, version, sizeof(version));

@@ -45,6 +45,7 @@ typedef enum {
     CES_BULK_UPSERT = 'u', /* many rows, with ON CONFLICT */
     CES_BULK_INSERT = 'i', /* many rows, without */
     CES_BULK_DELETE = 'd',
+    CES_BULK_HISTORY = 'h', /* many changes appended to a history table */
 } ces_bulk_kind_t;
 
 /* The room ces_bulk_signature needs for a statement on n columns. */
@@ -63,11 +64,11 @@ size_t ces_bulk_signature(char *buf, size_t size, ces_bulk_kind_t kind, unsigned
 /* One gathered statement, as handed to the send callback. Every pointer is a reference, valid only
  * during the call. */
 typedef struct {
-    ces_bulk_kind_t kind;       /* CES_BULK_UPSERT, CES_BULK_INSERT or CES_BULK_DELETE */
+    ces_bulk_kind_t kind;       /* CES_BULK_UPSERT, _INSERT, _DELETE or _HISTORY */
     ces_catalog_table_t *table; /* owned by the catalog */
     const char *sig;
     size_t sig_len;
-    const long *cols; /* upserts and inserts: target columns of the values, sorted */
+    const long *cols; /* upserts, inserts, history: target columns of the values, sorted */
     size_t ncols;     /* for a delete, the key columns (cols is then unused) */
     int nparams;
     const char *const *values; /* one binary text[] per parameter */
@@ -99,7 +100,9 @@ void ces_bulk_destroy(ces_bulk_t *bulk);
  * key column k. plain_insert: an upsert whose key has no earlier change waiting may go as a plain
  * INSERT (the event is an INS and the table's policy allows it). The values are referenced until
  * sent: they must live as long as item's arena. May send groups (full ones, or all of them before
- * a key's next generation would exceed the limit).
+ * a key's next generation would exceed the limit). A history row (CES_BULK_HISTORY) has
+ * CES_CATALOG_HISTORY_NVALUES values of its own before the columns' (its version first, the
+ * history table's key: key_slots[0] = 0); they too must live as long as item's arena.
  */
 ces_bulk_status_t ces_bulk_add(ces_bulk_t *bulk, ces_bulk_kind_t kind, ces_item_t *item,
                                ces_catalog_table_t *table, const long *cols, size_t n,

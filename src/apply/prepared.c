@@ -65,7 +65,10 @@ static void build_statement(ces_strbuf_t *sql, const ces_sqltext_names_t *names,
         ces_sqltext_delete(sql, names, t, true);
         break;
     case CES_BULK_ROW_HISTORY:
-        ces_sqltext_history(sql, t, cols, ncols);
+        ces_sqltext_history(sql, t, cols, ncols, false);
+        break;
+    case CES_BULK_HISTORY:
+        ces_sqltext_history(sql, t, cols, ncols, true);
         break;
     }
 }

@@ -364,10 +364,29 @@ static bool key_changed(ces_catalog_table_t *table, const ces_event_t *ev) {
     return false;
 }
 
+/* Gathers the history row in s->values for a bulk statement: its own values, which point into
+ * the sender's scratch, copied into the item's arena (the gatherer keeps them until it sends). */
+static int send_history_bulk(ces_sender_t *s, ces_item_t *item, ces_catalog_table_t *h, size_t n) {
+    for (size_t i = 0; i < CES_CATALOG_HISTORY_NVALUES; i++) {
+        const char *v = s->values[i];
+        size_t len = v != NULL ? strlen(v) : 0;
+        bool scratch = v == s->version || v == s->history_lsn || v == s->history_sequence;
+        if (scratch && (v = ces_arena_strndup(item->arena, v, len)) == NULL)
+            return out_of_memory(s);
+        s->values[i] = v;
+        s->lengths[i] = (int)len;
+    }
+    /* The version: a history table's key (whatever key a table made by hand has instead). */
+    size_t npk = ces_catalog_desc(h)->npk, key_slots[npk + 1];
+    memset(key_slots, 0, sizeof(key_slots));
+    return bulk_outcome(s, ces_bulk_add(s->gathered, CES_BULK_HISTORY, item, h, s->cols, n,
+                                        s->values, s->lengths, key_slots, false));
+}
+
 /*
  * Appends the change to the history table h: its version, operation, commit LSN, sequence and
  * time, and its row image (the new row; the old one for a delete, or its key when the source sends
- * no old image), row by row.
+ * no old image), in bulk statements or row by row.
  */
 static int send_history(ces_sender_t *s, long idx, ces_item_t *item, ces_catalog_table_t *h) {
     const ces_event_t *ev = &item->event;
@@ -405,6 +424,8 @@ static int send_history(ces_sender_t *s, long idx, ces_item_t *item, ces_catalog
         s->values[i] = values[i];
         s->lengths[i] = 0;
     }
+    if (s->bulk)
+        return send_history_bulk(s, item, h, n);
     return send_row(s, idx, ev, CES_BULK_ROW_HISTORY, t, s->cols, n);
 }
 

@@ -297,7 +297,8 @@ void ces_sqltext_delete(ces_strbuf_t *sql, const ces_sqltext_names_t *names,
 }
 
 void ces_sqltext_history(ces_strbuf_t *sql, const ces_catalog_desc_t *t, const long *cols,
-                         size_t n) {
+                         size_t n, bool bulk) {
+    static const char *const meta_casts[] = {"::numeric", "", "", "::bigint", "::timestamptz"};
     static const char *const meta[] = CES_CATALOG_HISTORY_META;
     ces_strbuf_add(sql, "INSERT INTO ");
     ces_strbuf_add(sql, t->qualified);
@@ -308,10 +309,28 @@ void ces_sqltext_history(ces_strbuf_t *sql, const ces_catalog_desc_t *t, const l
         ces_strbuf_add(sql, ", ");
         ces_strbuf_add(sql, t->cols[cols[i]].quoted);
     }
-    ces_strbuf_add(sql, ") VALUES ($1::numeric, $2, $3, $4::bigint, $5::timestamptz");
-    for (size_t i = 0; i < n; i++)
-        ces_strbuf_addf(sql, ", $%zu", CES_CATALOG_HISTORY_NVALUES + i + 1);
-    ces_strbuf_add(sql, ") ON CONFLICT (\"" CES_CATALOG_HISTORY_VERSION "\") DO NOTHING");
+    /* One row: the columns type their parameters. Many: unnest() gives text, cast as an insert's
+     * SELECT list is (add_insert_select). */
+    ces_strbuf_add(sql, bulk ? ") SELECT " : ") VALUES (");
+    for (size_t i = 0; i < CES_CATALOG_HISTORY_NVALUES; i++) {
+        ces_strbuf_add(sql, i ? ", " : "");
+        add_ref(sql, bulk, i + 1);
+        ces_strbuf_add(sql, meta_casts[i]);
+    }
+    for (size_t i = 0; i < n; i++) {
+        ces_strbuf_add(sql, ", ");
+        add_ref(sql, bulk, CES_CATALOG_HISTORY_NVALUES + i + 1);
+        if (bulk) {
+            ces_strbuf_add(sql, "::");
+            ces_strbuf_add(sql, t->cols[cols[i]].cast);
+        }
+    }
+    if (bulk) {
+        ces_strbuf_add(sql, " FROM ");
+        add_unnest(sql, CES_CATALOG_HISTORY_NVALUES + n);
+    }
+    ces_strbuf_add(sql, bulk ? "" : ")");
+    ces_strbuf_add(sql, " ON CONFLICT (\"" CES_CATALOG_HISTORY_VERSION "\") DO NOTHING");
 }
 
 int ces_sqltext_nparams(const ces_catalog_desc_t *t, size_t nvalues) {

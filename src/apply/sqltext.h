@@ -40,11 +40,12 @@ void ces_sqltext_insert(ces_strbuf_t *sql, const ces_sqltext_names_t *names,
 void ces_sqltext_delete(ces_strbuf_t *sql, const ces_sqltext_names_t *names,
                         const ces_catalog_desc_t *t, bool bulk);
 
-/* One change appended to the history table t: $1..$5 its version, operation, commit LSN, sequence
- * number and commit time (CES_CATALOG_HISTORY_META), then the values of the columns cols[0..n), a
- * row image. A version there already (a redelivery) inserts nothing: each change once. */
+/* Changes appended to the history table t: values 1..5 are a change's version, operation, commit
+ * LSN, sequence number and commit time (CES_CATALOG_HISTORY_META), then the values of the columns
+ * cols[0..n), a row image; one change in parameters, or (bulk) many in one text[] per value. A
+ * version there already (a redelivery) inserts nothing: each change once. */
 void ces_sqltext_history(ces_strbuf_t *sql, const ces_catalog_desc_t *t, const long *cols,
-                         size_t n);
+                         size_t n, bool bulk);
 
 /* The number of parameters of a statement on t with nvalues values: one more, the version, when
  * the table is guarded. */

@@ -181,7 +181,6 @@ def test_soft_delete_through_the_daemon(tmp_path, db, broker, ces2pg):
     # key change goes row by row, as every key change does.
     assert statement_calls(db, "WITH s AS (SELECT * FROM unnest(%_ces_deleted_at%")[0] >= 2
     assert statement_calls(db, "WITH marked AS (UPDATE %")[0] == 1
-    assert "a bulk statement was rejected" not in d.log()
     assert dead_letters(db) == []
     assert d.terminate() == 0
 
@@ -225,7 +224,29 @@ def test_history_beside_the_mirror(tmp_path, db, broker, ces2pg):
                     ("UPD", lsn[2], 1, when, 1, "new", True),
                     ("DEL", lsn[3], 1, when, 2, "c2", True)], rows
     assert db.scalar("SELECT to_regclass('dbo.customers_history')") is None
+    # History rows go in bulk statements like every other change.
+    calls, rows = statement_calls(db, 'INSERT INTO "dbo"."orders_history" % FROM unnest(%')
+    assert calls >= 1 and rows == 4, (calls, rows)
+    assert statement_calls(db, 'INSERT INTO "dbo"."orders_history" % VALUES (%')[0] == 0
     assert d.terminate() == 0
+
+
+def test_a_history_row_postgres_refuses_is_found_row_by_row(tmp_path, db):
+    """A bulk history statement PostgreSQL rejects for one bad value is retried row by row: the
+    bad change is a dead letter, every other change of the batch is in the history once."""
+    cols = [("Id", "int"), ("Payload", "nvarchar(max)")]
+    n = 0x7B00000
+    recs = [event_record("Events", cols, {"Id": str(i), "Payload": payload}, ["Id"],
+                         txn=(n + i, 1, True))
+            for i, payload in enumerate(['{"a": 1}', '"\\u0000"', "[2]", "3"])]
+    dead, err = replay_with_rules(
+        tmp_path, db, recs, '{ match = "dbo.events"; history = "only"; '
+        'columns = { types = ( ["Payload", "jsonb"] ); }; }')
+    assert dead == 1
+    assert db.query("SELECT id, payload::text FROM dbo.events_history ORDER BY id") == \
+        [(0, '{"a": 1}'), (2, "[2]"), (3, "3")]
+    assert db.query("SELECT class FROM ces2pg.dead_letters") == [("rejected_by_postgres",)]
+    assert "PostgreSQL rejected the change" in err
 
 
 def test_history_exactly_once_across_kill9_and_redelivery(tmp_path, db, broker, ces2pg):

@@ -250,7 +250,8 @@ static void soft_deletes(void **state) {
     free_table(&f);
 }
 
-/* A history table: its own columns, then the image's; a redelivered change inserts nothing. */
+/* A history table: its own columns, then the image's, one change or many; a redelivered change
+ * inserts nothing. */
 static void history(void **state) {
     (void)state;
     static const column_spec_t cols[] = {
@@ -269,9 +270,11 @@ static void history(void **state) {
     make_table(&f, "Sales", "Orders_history", cols, 8, pk, 1, -1);
     ces_strbuf_t out = {0};
     ces_strbuf_add(&out, "-- a change with its row image\n");
-    ces_sqltext_history(&out, &f.desc, both, 2);
+    ces_sqltext_history(&out, &f.desc, both, 2, false);
     ces_strbuf_add(&out, "\n-- a delete that carried its key alone\n");
-    ces_sqltext_history(&out, &f.desc, key_only, 1);
+    ces_sqltext_history(&out, &f.desc, key_only, 1, false);
+    ces_strbuf_add(&out, "\n-- many changes, each value an array\n");
+    ces_sqltext_history(&out, &f.desc, both, 2, true);
     ces_strbuf_add(&out, "\n");
     assert_false(out.failed);
     check_golden("history.sql", out.buf);
