@@ -21,6 +21,13 @@ struct ces_consumer_s {
     ces_consumer_callbacks_t callbacks;
     size_t assigned;
     bool joined; /* a first assignment arrived */
+    /* Any assignment arrived (also one whose positions could not be read): the group's assignor
+     * has made its state, which librdkafka before 2.3.0 needs at destroy (settle_join). */
+    bool synced;
+    /* Closing a consumer that never had an assignment: what the group assigns now is taken and
+     * given back for librdkafka's sake, never the owner's. */
+    bool closing;
+    struct ces_consumer_s *next_abandoned; /* see abandoned */
     bool failed; /* a callback asked to stop, or a Kafka error that retrying cannot fix */
     /* Secrets that must never reach the log, even through librdkafka's own messages: the Event
      * Hubs connection string and its SharedAccessKey. Owned; NULL when absent. */
@@ -236,7 +243,16 @@ static void rebalance_cb(rd_kafka_t *rk, rd_kafka_resp_err_t err,
     rd_kafka_error_t *error = NULL;
     rd_kafka_resp_err_t ret = RD_KAFKA_RESP_ERR_NO_ERROR;
 
-    if (err == RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS) {
+    if (err == RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS)
+        c->synced = true;
+    if (c->closing) {
+        bool assign = err == RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS;
+        if (cooperative)
+            error = assign ? rd_kafka_incremental_assign(rk, parts)
+                           : rd_kafka_incremental_unassign(rk, parts);
+        else
+            ret = rd_kafka_assign(rk, assign ? parts : NULL);
+    } else if (err == RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS) {
         if (for_each_topic(c, parts, true) != 0) {
             c->failed = true;
             snprintf(c->failure, sizeof(c->failure), "could not read stored positions");
@@ -354,16 +370,68 @@ ces_consumer_status_t ces_consumer_new(const ces_config_t *config,
     return CES_CONSUMER_OK;
 }
 
+/* Whether destroying the handle would abort: librdkafka before 2.3.0 (Debian 12 has 2.0.2)
+ * asserts in rd_kafka_destroy() when a cooperative-sticky consumer's group answered its JoinGroup
+ * (which picks the assignor, and makes rd_kafka_rebalance_protocol() say COOPERATIVE) but no
+ * SyncGroup gave it an assignment yet, so the assignor's state is still NULL (librdkafka issue
+ * 4312, fixed by pull request 4381). unknown: the answer when librdkafka cannot tell any more
+ * (after rd_kafka_consumer_close(), rd_kafka_rebalance_protocol() may answer NULL). */
+static bool destroy_would_abort(const ces_consumer_t *c, bool unknown) {
+    if (c->synced)
+        return false;
+    const char *protocol = rd_kafka_rebalance_protocol(c->rk);
+    return protocol != NULL ? strcmp(protocol, "COOPERATIVE") == 0 : unknown;
+}
+
+/* Consumers whose handle could not be destroyed (destroy_would_abort), kept reachable: they are
+ * left on purpose, not lost. Main thread only. */
+static ces_consumer_t *abandoned;
+
+/* The longest a closing consumer waits for its group's first assignment. */
+#define SETTLE_JOIN_MS 10000
+
+/* A consumer stopped between its JoinGroup and its first assignment (a writer told to stop, or
+ * to stand by, right after it subscribed) lets the join finish, for at most SETTLE_JOIN_MS,
+ * taking nothing of what it is assigned, so that the handle can be destroyed. Returns whether
+ * destroying it would still abort. */
+static bool settle_join(ces_consumer_t *c) {
+    if (!destroy_would_abort(c, false))
+        return false;
+    c->closing = true;
+    int64_t until = ces_clock_now_ms() + SETTLE_JOIN_MS;
+    char reason[128];
+    while (!c->synced && rd_kafka_fatal_error(c->rk, reason, sizeof(reason)) == 0 &&
+           ces_clock_now_ms() < until) {
+        rd_kafka_message_t *m = rd_kafka_consumer_poll(c->rk, 100);
+        if (m != NULL)
+            rd_kafka_message_destroy(m);
+    }
+    return destroy_would_abort(c, true);
+}
+
 void ces_consumer_destroy(ces_consumer_t *c) {
     if (c == NULL)
         return;
     ces_nudger_destroy(c->nudger);
     if (c->queue != NULL)
         rd_kafka_queue_destroy(c->queue);
+    bool would_abort = settle_join(c);
     /* Leaving the group revokes the assignment, so the owner commits what is complete. */
     rd_kafka_resp_err_t err = rd_kafka_consumer_close(c->rk);
     if (err != RD_KAFKA_RESP_ERR_NO_ERROR)
         ces_log_warning("kafka: closing the consumer: %s", rd_kafka_err2str(err));
+    if (destroy_would_abort(c, would_abort)) {
+        /* The group is left and the handle never used again; it and c (its callbacks' opaque:
+         * librdkafka's threads may still log through it) go with the process, or stay, idle,
+         * beside the next consumer of a writer that stood down. */
+        ces_log_warning("kafka: the consumer group did not finish joining within %d s; the "
+                        "Kafka client is left as it is (destroying it now would abort: "
+                        "librdkafka %s, fixed in 2.3.0)",
+                        SETTLE_JOIN_MS / 1000, rd_kafka_version_str());
+        c->next_abandoned = abandoned;
+        abandoned = c;
+        return;
+    }
     rd_kafka_destroy(c->rk);
     consumer_free(c);
 }

@@ -6,12 +6,15 @@ differ from the generator's expectation; offsets are also watched throughout
 and must never move backwards.
 """
 
+import re
+
 import pytest
 
 from harness.common import wait_until
+from harness.daemon import DEFAULT_KAFKA_PROPERTIES
 from harness.events import generate, read_records, stream_partitions
 from harness.mockbroker import PacedProducer
-from harness.progress import OffsetMonitor, dead_letters, wait_applied
+from harness.progress import OffsetMonitor, dead_letters, read_offsets, wait_applied
 from harness.tables import assert_tables_match
 
 GROUP = "ces2pg-test"
@@ -65,3 +68,24 @@ def test_restart_in_the_middle(tmp_path, db, broker, ces2pg, how):
     assert dead_letters(db) == []
     assert second.terminate() == 0
     assert monitor.polls > 10
+
+
+@pytest.mark.parametrize("sync_errors", [2, 40])
+def test_stopping_between_joining_and_the_first_assignment(tmp_path, db, broker, ces2pg,
+                                                          sync_errors):
+    """A consumer stopped after its group answered its JoinGroup and before a SyncGroup gave it
+    an assignment (a writer told to stop right after it subscribed) exits cleanly: librdkafka
+    before 2.3.0 aborts when such a consumer is destroyed. The broker fails SyncGroup to hold the
+    consumer in that window (each failure costs the mock's group a rejoin of about 3 s). With 2
+    failures ces2pg lets the join finish, takes nothing of the assignment, and destroys the
+    consumer; with 40 the join does not finish within 10 s, and the client is left as it is."""
+    b = broker(partitions=2, control=True)
+    b.command(f"errors SyncGroup {sync_errors} REBALANCE_IN_PROGRESS")
+    d = ces2pg(db, b, group=GROUP, log_level="debug",
+               properties=DEFAULT_KAFKA_PROPERTIES + ("debug=cgrp",))
+    d.wait_log(r"SyncGroup response: Broker: Group rebalance in progress", timeout=30)
+    assert d.terminate(timeout=60) == 0
+    assert not re.search(r"^INFO assigned ", d.log(), re.M), "nothing taken while stopping"
+    left = "did not finish joining within 10 s; the Kafka client is left as it is" in d.log()
+    assert left == (sync_errors == 40)
+    assert dead_letters(db) == [] and read_offsets(db, GROUP) == {}
