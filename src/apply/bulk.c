@@ -288,10 +288,16 @@ ces_bulk_status_t ces_bulk_add(ces_bulk_t *b, ces_bulk_kind_t kind, ces_item_t *
                                const size_t *key_slots, bool plain_insert) {
     const ces_catalog_desc_t *t = ces_catalog_desc(table);
     bool guard = ces_catalog_guarded(t);
-    uintptr_t generation;
-    ces_bulk_status_t rc = key_generation(b, t, values, lengths, key_slots, &generation);
+    /* History rows never meet: each change has its own version (a resent one is skipped by ON
+     * CONFLICT DO NOTHING, in one statement too), so they need no key's generation. */
+    uintptr_t generation = 0;
+    ces_bulk_status_t rc = kind == CES_BULK_HISTORY
+                               ? CES_BULK_OK
+                               : key_generation(b, t, values, lengths, key_slots, &generation);
     if (rc != CES_BULK_OK)
         return rc;
+    if (b->generations == 0)
+        b->generations = 1;
     if (kind == CES_BULK_UPSERT && generation == 0 && plain_insert)
         kind = CES_BULK_INSERT;
     if (ces_bulk_reserve_signature(&b->sig, &b->sig_capacity, n) != 0)

@@ -101,8 +101,9 @@ void ces_bulk_destroy(ces_bulk_t *bulk);
  * INSERT (the event is an INS and the table's policy allows it). The values are referenced until
  * sent: they must live as long as item's arena. May send groups (full ones, or all of them before
  * a key's next generation would exceed the limit). A history row (CES_BULK_HISTORY) has
- * CES_CATALOG_HISTORY_NVALUES values of its own before the columns' (its version first, the
- * history table's key: key_slots[0] = 0); they too must live as long as item's arena.
+ * CES_CATALOG_HISTORY_NVALUES values of its own before the columns' (its version first); they
+ * too must live as long as item's arena, and it has no key_slots (NULL): history rows never
+ * meet, so all go to the first generation.
  */
 ces_bulk_status_t ces_bulk_add(ces_bulk_t *bulk, ces_bulk_kind_t kind, ces_item_t *item,
                                ces_catalog_table_t *table, const long *cols, size_t n,

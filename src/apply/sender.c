@@ -376,11 +376,8 @@ static int send_history_bulk(ces_sender_t *s, ces_item_t *item, ces_catalog_tabl
         s->values[i] = v;
         s->lengths[i] = (int)len;
     }
-    /* The version: a history table's key (whatever key a table made by hand has instead). */
-    size_t npk = ces_catalog_desc(h)->npk, key_slots[npk + 1];
-    memset(key_slots, 0, sizeof(key_slots));
     return bulk_outcome(s, ces_bulk_add(s->gathered, CES_BULK_HISTORY, item, h, s->cols, n,
-                                        s->values, s->lengths, key_slots, false));
+                                        s->values, s->lengths, NULL, false));
 }
 
 /*
