@@ -247,13 +247,8 @@ void ces_flight_forget(ces_pipeline_t *p) {
     ces_partitions_iter_t it = {0};
     ces_partition_t *part;
     while ((part = ces_partitions_next(p->partitions, &it)) != NULL) {
-        if (!part->assigned)
-            continue;
-        ces_positions_on_revoke(&part->pos);
-        part->assigned = false;
-        part->has_frontier = false;
-        part->at_eof = false;
-        part->paused = false;
+        if (part->assigned)
+            ces_partitions_give_up(part);
     }
 }
 

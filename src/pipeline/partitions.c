@@ -75,6 +75,14 @@ ces_partition_t *ces_partitions_next(const ces_partitions_t *t, ces_partitions_i
     return ces_map_next(t->map, it, NULL, NULL);
 }
 
+void ces_partitions_give_up(ces_partition_t *part) {
+    ces_positions_on_revoke(&part->pos);
+    part->assigned = false;
+    part->has_frontier = false;
+    part->at_eof = false;
+    part->paused = false;
+}
+
 void ces_partitions_saw_commit(ces_partitions_t *t, const ces_source_t *source, ces_lsn_t lsn) {
     ces_partition_t *part = ces_partitions_get(t, source->topic, source->partition, false);
     if (part != NULL && (!part->has_frontier || ces_lsn_compare(part->frontier, lsn) < 0)) {

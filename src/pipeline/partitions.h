@@ -53,6 +53,10 @@ typedef ces_map_iter_t ces_partitions_iter_t;
 /* The next entry of the walk, or NULL at the end. No entry may be made during the walk. */
 ces_partition_t *ces_partitions_next(const ces_partitions_t *table, ces_partitions_iter_t *it);
 
+/* The partition is ours no more (revoked, or given up with a consumer that goes): it is not
+ * waited for, and its next owner starts from the stored position. */
+void ces_partitions_give_up(ces_partition_t *part);
+
 /* The partition of source delivered an event of commit LSN lsn: it will deliver no older one. */
 void ces_partitions_saw_commit(ces_partitions_t *table, const ces_source_t *source, ces_lsn_t lsn);
 

@@ -110,13 +110,8 @@ int ces_pipeline_on_revoked(void *opaque, const char *topic, const int32_t *part
     }
     for (size_t i = 0; i < n; i++) {
         ces_partition_t *part = ces_partitions_get(p->partitions, topic, partitions[i], false);
-        if (part != NULL) {
-            ces_positions_on_revoke(&part->pos);
-            part->assigned = false;
-            part->has_frontier = false;
-            part->at_eof = false;
-            part->paused = false;
-        }
+        if (part != NULL)
+            ces_partitions_give_up(part);
     }
     /* What is held for the revoked partitions goes (their positions never passed it: the next
      * owner reads it again); what is held for the partitions we keep stays, and they read on. An
