@@ -404,15 +404,6 @@ static ces_catalog_table_t *table_make(ces_catalog_t *cat, const ces_session_t *
     return t;
 }
 
-/* Whether the rule masks a column by hash (and has the key to). */
-static bool needs_hasher(const ces_catalog_rule_t *rule) {
-    for (size_t i = 0; rule->mask_key != NULL && i < rule->columns.nmasks; i++) {
-        if (strcmp(rule->columns.masks[i], "hash") == 0)
-            return true;
-    }
-    return false;
-}
-
 /* The table of ev's source, as its rule (if any) says. */
 static ces_catalog_table_t *table_new(ces_catalog_t *cat, const ces_session_t *session,
                                       const ces_event_t *ev) {
@@ -430,7 +421,7 @@ static ces_catalog_table_t *table_new(ces_catalog_t *cat, const ces_session_t *s
     }
     t->columns = rule.columns;
     t->columns.hasher = NULL;
-    if (needs_hasher(&rule) &&
+    if (rule.mask_key != NULL && ces_columns_hash_masks(&rule.columns) &&
         (t->columns.hasher = ces_mask_new(rule.mask_key, strlen(rule.mask_key))) == NULL) {
         table_free(t, NULL);
         return NULL;

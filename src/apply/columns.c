@@ -59,6 +59,14 @@ static bool hash_mask(const ces_columns_rule_t *r, size_t k) {
     return strcmp(r->masks[k], "hash") == 0;
 }
 
+bool ces_columns_hash_masks(const ces_columns_rule_t *r) {
+    for (size_t k = 0; k < r->nmasks; k++) {
+        if (hash_mask(r, k))
+            return true;
+    }
+    return false;
+}
+
 /* The value of a masked field (mask index k): its keyed hash (from arena), or NULL. Returns
  * CES_COLUMNS_OK, or -1 when out of memory or the rule's owner made no hasher. */
 static int mask(const ces_columns_rule_t *r, size_t k, ces_field_t *f, ces_arena_t *arena) {

@@ -53,6 +53,9 @@ typedef enum {
 /* Whether the rule chooses, renames, types or masks any column. */
 bool ces_columns_any(const ces_columns_rule_t *rule);
 
+/* Whether the rule masks a column by keyed hash (and so needs a hasher). */
+bool ces_columns_hash_masks(const ces_columns_rule_t *rule);
+
 /* Applies rule to ev in place: its arrays are compacted, renamed names point at the rule's
  * strings, a column given another type carries it (CES_TYPES_OVERRIDE_PREFIX) and its values the
  * form PostgreSQL reads for it (a local time with its zone appended, from arena); a column masked

@@ -29,7 +29,6 @@ struct ces_sender_s {
     char *sig; /* the statement signature being built */
     size_t sig_capacity;
     char version[64];
-    char history_lsn[23], history_sequence[24]; /* a history row's own values */
     /* The last upsert's columns, by its event's shape (the names of its column list and images,
      * in order, which alone decide them): a table's events nearly always repeat a shape, so the
      * names of an event of the last shape need not be resolved again. The shape is the batch's
@@ -364,20 +363,24 @@ static bool key_changed(ces_catalog_table_t *table, const ces_event_t *ev) {
     return false;
 }
 
-/* Gathers the history row in s->values for a bulk statement: its own values, which point into
- * the sender's scratch, copied into the item's arena (the gatherer keeps them until it sends). */
-static int send_history_bulk(ces_sender_t *s, ces_item_t *item, ces_catalog_table_t *h, size_t n) {
+/* A history row's own values (CES_CATALOG_HISTORY_META) into s->values[0..5): its version,
+ * operation, commit LSN, sequence number and commit time, formatted into the item's arena, where
+ * a bulk statement may reference them until it is sent. Returns 0, or -1 when out of memory. */
+static int history_own_values(ces_sender_t *s, ces_item_t *item) {
+    enum { VERSION = 64, LSN = 23, SEQUENCE = 24 };
+    const ces_event_t *ev = &item->event;
+    char *buf = ces_arena_alloc(item->arena, VERSION + LSN + SEQUENCE);
+    if (buf == NULL)
+        return out_of_memory(s);
+    ces_version_format(&ev->version, buf, VERSION);
+    ces_lsn_format(ev->version.commit_lsn, buf + VERSION);
+    snprintf(buf + VERSION + LSN, SEQUENCE, "%llu", (unsigned long long)ev->version.sequence);
+    const char *values[] = {buf, ces_op_name(ev->op), buf + VERSION, buf + VERSION + LSN, ev->time};
     for (size_t i = 0; i < CES_CATALOG_HISTORY_NVALUES; i++) {
-        const char *v = s->values[i];
-        size_t len = v != NULL ? strlen(v) : 0;
-        bool scratch = v == s->version || v == s->history_lsn || v == s->history_sequence;
-        if (scratch && (v = ces_arena_strndup(item->arena, v, len)) == NULL)
-            return out_of_memory(s);
-        s->values[i] = v;
-        s->lengths[i] = (int)len;
+        s->values[i] = values[i];
+        s->lengths[i] = values[i] != NULL ? (int)strlen(values[i]) : 0;
     }
-    return bulk_outcome(s, ces_bulk_add(s->gathered, CES_BULK_HISTORY, item, h, s->cols, n,
-                                        s->values, s->lengths, NULL, false));
+    return 0;
 }
 
 /*
@@ -411,18 +414,11 @@ static int send_history(ces_sender_t *s, long idx, ces_item_t *item, ces_catalog
         if (param_value(s, item, t, s->cols[i], s->fields[i], meta + i) != 0)
             return -1;
     }
-    ces_version_format(&ev->version, s->version, sizeof(s->version));
-    ces_lsn_format(ev->version.commit_lsn, s->history_lsn);
-    snprintf(s->history_sequence, sizeof(s->history_sequence), "%llu",
-             (unsigned long long)ev->version.sequence);
-    const char *values[] = {s->version, ces_op_name(ev->op), s->history_lsn, s->history_sequence,
-                            ev->time};
-    for (size_t i = 0; i < meta; i++) {
-        s->values[i] = values[i];
-        s->lengths[i] = 0;
-    }
+    if (history_own_values(s, item) != 0)
+        return -1;
     if (s->bulk)
-        return send_history_bulk(s, item, h, n);
+        return bulk_outcome(s, ces_bulk_add(s->gathered, CES_BULK_HISTORY, item, h, s->cols, n,
+                                            s->values, s->lengths, NULL, false));
     return send_row(s, idx, ev, CES_BULK_ROW_HISTORY, t, s->cols, n);
 }
 
